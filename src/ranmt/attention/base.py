@@ -1,0 +1,116 @@
+"""The attention interface every variant implements, and its return type.
+
+A layer receives an attention module (composition) and calls it the same way whatever
+the variant is:
+
+    out = attention(query, memory, key_padding_mask=..., causal=..., state=..., cache=...)
+
+* ``query``  (B, T, d): the states that attend.
+* ``memory`` (B, S, d): the states attended to (``query`` itself for self-attention).
+* ``key_padding_mask`` (B, S) bool, True at padded keys, or None.
+* ``causal``: query i may only attend to keys j <= i (decoder self-attention).
+* ``state``: cross-layer state of the stack (e.g. RAN's refined matrix ``A_{l-1}``); the
+  first layer gets :meth:`Attention.initial_state`, each layer passes ``out.state`` up.
+* ``cache``: a dict owned by the caller for incremental decoding (one per layer and
+  component). Variants store what they need (keys/values, values only, recurrent state);
+  every tensor in it has the batch (or batch x beam) dimension first, so the decoder can
+  reorder any variant's cache with :func:`reorder_cache`. ``cache["step"]`` (an int,
+  maintained by the decoder) is the index of the query position during incremental
+  decoding (T == 1).
+* ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class AttnOutput:
+    """What every attention returns."""
+
+    context: Tensor
+    """(B, T, d) attended values after the output projection."""
+    weights: Tensor | None = None
+    """(B, H, T, S) attention weights, when requested (zero at masked keys)."""
+    state: Any = None
+    """Cross-layer state for the next layer of the stack (None for stateless variants)."""
+
+
+@dataclass
+class AttentionSpec:
+    """Everything a variant's constructor may need, filled in by the model builder."""
+
+    d_model: int
+    heads: int
+    dropout: float
+    max_positions: int
+    role: str
+    """encoder_self | decoder_self | cross"""
+    layer_index: int
+    num_layers: int
+    shared: Any = None
+    """Stack-wide module shared by all layers of one stack (from ``build_shared``)."""
+
+
+class Attention(nn.Module):
+    """Base class of all attention variants."""
+
+    def initial_state(self) -> Any:
+        """State handed to the first layer of a stack (None unless the variant has one)."""
+        return None
+
+    def forward(
+        self,
+        query: Tensor,
+        memory: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        state: Any = None,
+        cache: dict | None = None,
+        need_weights: bool = False,
+    ) -> AttnOutput:
+        raise NotImplementedError
+
+
+def reorder_cache(cache: dict, order: Tensor) -> None:
+    """Select batch entries ``order`` (1-D long) of every tensor in an attention cache."""
+    for key, value in list(cache.items()):
+        if isinstance(value, Tensor):
+            cache[key] = value.index_select(0, order)
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, T, d) -> (B, H, T, d/H)."""
+    batch, length, dim = x.shape
+    return x.view(batch, length, heads, dim // heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, d_h) -> (B, T, H*d_h)."""
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def build_mask(
+    key_padding_mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
+    device: torch.device,
+) -> Tensor | None:
+    """Boolean mask (B or 1, 1, T, S), True where attention is *allowed*; None if all allowed.
+
+    ``q_offset`` is the absolute position of the first query (for incremental decoding).
+    """
+    allowed = None
+    if causal:
+        q_pos = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
+        k_pos = torch.arange(k_len, device=device)[None, :]
+        allowed = (k_pos <= q_pos)[None, None]  # (1, 1, T, S)
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+        allowed = keep if allowed is None else allowed & keep
+    return allowed

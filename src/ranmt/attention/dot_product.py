@@ -1,0 +1,86 @@
+"""Multi-head scaled dot-product attention (Vaswani et al., 2017; paper 003), the TransF baseline.
+
+``softmax(Q K^T / sqrt(d_h)) V`` per head with Q = x W_q, K = m W_k, V = m W_v and the
+output projection W_o. The fast path uses ``torch.nn.functional.scaled_dot_product_attention``;
+when weights are requested a naive path computes them explicitly (same numbers).
+
+Incremental decoding: self-attention appends this step's key/value to ``cache["k"]`` /
+``cache["v"]`` (B, H, t, d_h); cross-attention projects the memory once into the cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ranmt.attention.base import (
+    Attention,
+    AttentionSpec,
+    AttnOutput,
+    build_mask,
+    merge_heads,
+    split_heads,
+)
+
+
+class DotProductAttention(Attention):
+    """Standard multi-head attention with a KV cache."""
+
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.heads = spec.heads
+        self.dropout = spec.dropout
+        self.is_cross = spec.role == "cross"
+        d = spec.d_model
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def _keys_values(self, memory: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
+        """(B, H, S, d_h) keys and values, using/updating the cache."""
+        if cache is None:
+            return split_heads(self.k_proj(memory), self.heads), split_heads(
+                self.v_proj(memory), self.heads)
+        if self.is_cross:
+            if "k" not in cache:
+                cache["k"] = split_heads(self.k_proj(memory), self.heads)
+                cache["v"] = split_heads(self.v_proj(memory), self.heads)
+            return cache["k"], cache["v"]
+        k = split_heads(self.k_proj(memory), self.heads)
+        v = split_heads(self.v_proj(memory), self.heads)
+        if "k" in cache:
+            k = torch.cat([cache["k"], k], dim=2)
+            v = torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        return k, v
+
+    def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
+                cache=None, need_weights=False) -> AttnOutput:
+        q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
+        k, v = self._keys_values(memory, cache)  # (B, H, S, d_h)
+        q_len, k_len = q.shape[2], k.shape[2]
+        # In incremental self-attention the single query sits at the last key position,
+        # so causality is automatic; in full passes the mask is built from positions.
+        incremental = cache is not None and not self.is_cross
+        q_offset = k_len - q_len if incremental else 0
+        allowed = build_mask(key_padding_mask, causal and not incremental, q_len, k_len,
+                             q_offset, q.device)
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+            context = F.dropout(weights, dropout_p, self.training) @ v
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                                     dropout_p=dropout_p)
+        return AttnOutput(self.out_proj(merge_heads(context)), weights, state)

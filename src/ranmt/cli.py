@@ -1,0 +1,296 @@
+"""The ``ranmt`` command line: thin subcommands that call the library (DESIGN §1 contract).
+
+Each subcommand parses its options and calls one library function; errors the user can
+fix are printed as one line ``ranmt CMD: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _cmd_download(args) -> None:
+    from ranmt.data.download import download_multi30k
+
+    if args.dataset != "multi30k":
+        raise ValueError(f"unknown dataset '{args.dataset}' (available: multi30k)")
+    download_multi30k(args.pair, args.out, args.source, log=_info)
+
+
+def _cmd_prepare(args) -> None:
+    from ranmt.data.corpus import prepare
+
+    tests = {}
+    for item in args.test or []:
+        if "=" not in item:
+            raise ValueError(f"--test expects NAME=PREFIX, got '{item}'")
+        name, prefix = item.split("=", 1)
+        tests[name] = prefix
+    if args.vocab_size < 8:
+        raise ValueError("--vocab-size must be at least 8")
+    if args.max_positions < 2:
+        raise ValueError("--max-positions must be at least 2")
+    prepare(args.src, args.tgt, args.train, args.valid, args.out, tests, args.vocab_size,
+            not args.separate, args.model_type, args.max_positions, args.errors, log=_info)
+
+
+def _cmd_train(args) -> None:
+    from ranmt.config import load_config
+    from ranmt.train import train
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train(cfg, args.data, args.out)
+    print(json.dumps(summary))
+
+
+def _load_translator(args):
+    from ranmt.translator import Translator
+
+    if args.beam is not None and args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, not {args.beam}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, not {args.batch_size}")
+    nbest = getattr(args, "nbest", None)
+    if nbest is not None and (nbest < 1 or nbest > (args.beam or 4)):
+        raise ValueError("--nbest must be between 1 and the beam size")
+    for name in ("max_len_a", "max_len_b"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
+    return Translator.load(args.checkpoint, device=args.device, beam=args.beam,
+                           lenpen=args.lenpen, batch_size=args.batch_size,
+                           max_len_a=args.max_len_a, max_len_b=args.max_len_b, nbest=nbest,
+                           truncate_long=True if args.truncate_long else None)
+
+
+def _cmd_translate(args) -> None:
+    from ranmt.data.text import read_lines, write_lines
+
+    translator = _load_translator(args)
+    if args.input:
+        lines = read_lines(args.input, args.errors)
+    elif sys.stdin.isatty():  # interactive: one line at a time
+        for line in sys.stdin:
+            print(translator.translate([line.rstrip("\n")])[0], flush=True)
+        return
+    else:
+        lines = [line.rstrip("\r\n") for line in sys.stdin]
+    if args.nbest and args.nbest > 1:
+        results = translator.translate_nbest(lines)
+        out = [f"{i}\t{score:.4f}\t{text}" for i, hyps in enumerate(results)
+               for text, score in hyps]
+    else:
+        out = translator.translate(lines)
+    if args.output:
+        write_lines(args.output, out)
+    else:
+        sys.stdout.write("".join(line + "\n" for line in out))
+        sys.stdout.flush()
+
+
+def _cmd_score(args) -> None:
+    from ranmt.data.text import read_lines
+    from ranmt.evaluate import paired_bootstrap, score
+
+    refs = read_lines(args.ref)
+    hyps = [(path, read_lines(path)) for path in args.hyp]
+    if len(hyps) == 1:
+        result = score(hyps[0][1], refs, args.metrics)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for metric in args.metrics:
+                print(f"{metric.upper()} = {result[metric]:.2f}  ({result['signature'][metric]})")
+        return
+    result = paired_bootstrap(hyps, refs, args.metrics, args.bootstrap_samples)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print("system\t" + "\t".join(m.upper() for m in args.metrics))
+    for row, entry in enumerate(result["systems"]):
+        cells = []
+        for metric in args.metrics:
+            mark = ""
+            if row > 0 and entry[f"{metric}_p"] is not None and entry[f"{metric}_p"] < 0.01:
+                mark = "†"
+            cells.append(f"{entry[metric]:.2f}{mark}"
+                         + (f" (p={entry[f'{metric}_p']:.4f})" if row > 0 else ""))
+        print(f"{entry['name']}{' (baseline)' if row == 0 else ''}\t" + "\t".join(cells))
+    print("† p < 0.01, paired bootstrap resampling against the baseline")
+
+
+def _cmd_evaluate(args) -> None:
+    from ranmt.data.corpus import load_meta, raw_text
+    from ranmt.data.text import write_lines
+    from ranmt.evaluate import score
+
+    translator = _load_translator(args)
+    meta = load_meta(args.data)
+    sources, refs = raw_text(args.data, args.split, "src"), raw_text(args.data, args.split, "tgt")
+    hyps = translator.translate(sources)
+    if args.output:
+        write_lines(args.output, hyps)
+    result = score(hyps, refs, args.metrics, meta.get("tgt_lang", ""))
+    result.update({"split": args.split, "sentences": len(hyps),
+                   "checkpoint": str(translator.checkpoint_dir),
+                   "beam": translator.decode_config.beam,
+                   "lenpen": translator.decode_config.lenpen})
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for metric in args.metrics:
+            print(f"{args.split} {metric.upper()} = {result[metric]:.2f}  "
+                  f"({result['signature'][metric]})")
+
+
+def _cmd_info(args) -> None:
+    from ranmt.checkpoint import load_checkpoint
+    from ranmt.config import load_config, to_dict
+    from ranmt.model import build_model, count_parameters
+
+    if args.checkpoint:
+        model, cfg, _, _ = load_checkpoint(args.checkpoint)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        if args.data:
+            from ranmt.data.corpus import load_meta
+
+            meta = load_meta(args.data)
+            cfg.model.src_vocab_size, cfg.model.tgt_vocab_size = (meta["src_vocab_size"],
+                                                                  meta["tgt_vocab_size"])
+            cfg.model.joint_vocab = meta["joint_vocab"]
+        else:
+            cfg.model.src_vocab_size = cfg.model.src_vocab_size or args.vocab_size
+            cfg.model.tgt_vocab_size = cfg.model.tgt_vocab_size or args.vocab_size
+            cfg.model.joint_vocab = True
+        model = build_model(cfg.model)
+    counts = count_parameters(model)
+    if args.json:
+        print(json.dumps({"parameters": counts, "model": to_dict(cfg.model)}))
+    else:
+        width = max(len(k) for k in counts)
+        for key, value in counts.items():
+            print(f"{key:<{width}}  {value:>12,}")
+
+
+def _info(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _decode_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True,
+                        help="run directory (its best checkpoint) or a checkpoint")
+    parser.add_argument("--beam", type=int, help="beam size (default from the config: 4)")
+    parser.add_argument("--lenpen", type=float, help="length penalty alpha (default 0.6)")
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (default 64)")
+    parser.add_argument("--max-len-a", type=float, help="max output length a*|src|+b: a")
+    parser.add_argument("--max-len-b", type=int, help="max output length a*|src|+b: b")
+    parser.add_argument("--truncate-long", action="store_true",
+                        help="truncate inputs longer than max_positions (with a warning) "
+                             "instead of failing")
+    parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ranmt", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("download", help="download a public corpus (multi30k)")
+    p.add_argument("dataset", help="multi30k")
+    p.add_argument("--pair", default="en-de", help="language pair, e.g. en-de, en-fr, en-cs")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--from", dest="source",
+                   help="local folder with the .gz files (default: $RANMT_DATA_DIR)")
+    p.set_defaults(func=_cmd_download)
+
+    p = sub.add_parser("prepare", help="train SentencePiece and encode a parallel corpus")
+    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
+    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--train", required=True, help="training prefix (PREFIX.SRC, PREFIX.TGT)")
+    p.add_argument("--valid", required=True, help="validation prefix")
+    p.add_argument("--test", action="append", metavar="NAME=PREFIX", help="test split(s)")
+    p.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--joint", action="store_true", help="one shared vocabulary (default)")
+    group.add_argument("--separate", action="store_true", help="one vocabulary per language")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"],
+                   help="SentencePiece model type")
+    p.add_argument("--max-positions", type=int, default=256,
+                   help="drop training pairs longer than this many subwords (EOS included)")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace"],
+                   help="invalid UTF-8: fail (default) or replace")
+    p.add_argument("--out", required=True, help="prepared-data directory")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser("train", help="train a model")
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("translate", help="translate raw text (stdin or --input)")
+    _decode_options(p)
+    p.add_argument("--input", help="input file (default stdin)")
+    p.add_argument("--output", help="output file (default stdout)")
+    p.add_argument("--nbest", type=int, help="print the n best hypotheses: idx<TAB>score<TAB>text")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace"])
+    p.set_defaults(func=_cmd_translate)
+
+    p = sub.add_parser("score", help="score hypotheses with sacreBLEU (+ paired bootstrap)")
+    p.add_argument("--ref", required=True, help="reference file")
+    p.add_argument("--hyp", required=True, action="append",
+                   help="hypothesis file; repeat: the first is the baseline")
+    p.add_argument("--metrics", nargs="+", default=["bleu", "chrf", "ter"],
+                   choices=["bleu", "chrf", "ter"])
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_score)
+
+    p = sub.add_parser("evaluate", help="translate a prepared split and score it")
+    _decode_options(p)
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--split", default="test", help="split name (see meta.json)")
+    p.add_argument("--metrics", nargs="+", default=["bleu", "chrf", "ter"],
+                   choices=["bleu", "chrf", "ter"])
+    p.add_argument("--output", help="also write the translations here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_evaluate, nbest=None)
+
+    p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
+    p.add_argument("--checkpoint")
+    p.add_argument("--config")
+    p.add_argument("--data", help="prepared data (for the vocabulary sizes)")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="vocabulary size assumed without --data (default 8000)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_info)
+    return parser
+
+
+def _version() -> str:
+    from ranmt import __version__
+
+    return f"ranmt {__version__}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if os.environ.get("RANMT_DEBUG"):
+        args.func(args)
+        return
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
+        print(f"ranmt {args.command}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,464 @@
+"""Typed configuration: nested dataclasses, YAML files, ``key=value`` overrides, presets.
+
+The whole tree (:class:`Config`) is stored as JSON in every checkpoint and is enough to
+rebuild the model with :func:`ranmt.model.build_model`.
+
+Resolution order when a config is loaded (:func:`load_config`):
+
+1. dataclass defaults;
+2. the model preset (``model.preset``: ``tiny`` | ``small`` | ``base``) and the
+   architecture (``model.arch``), both taken from the overrides if given there,
+   else from the YAML file, else the defaults;
+3. every other value of the YAML file;
+4. every other ``key=value`` override of the command line.
+
+An unknown key is an error that lists the closest valid keys; a value that cannot be
+converted to the field's type is an error naming the key, the value and the type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used."""
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class EncoderConfig:
+    layers: int = 6
+    """Number of encoder layers."""
+    self_attention: str = "dot"
+    """Registry name of the encoder self-attention (see ``ranmt.attention``)."""
+    positions: str = ""
+    """Position embedding of the encoder: sinusoidal | learned | none; empty = model.positions."""
+
+
+@dataclass
+class DecoderConfig:
+    layers: int = 6
+    """Number of decoder layers."""
+    self_attention: str = "dot"
+    """Registry name of the decoder self-attention."""
+    cross_attention: str = "dot"
+    """Registry name of the encoder-decoder (cross) attention."""
+    positions: str = ""
+    """Position embedding of the decoder: sinusoidal | learned | none; empty = model.positions."""
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "base"
+    """Size preset applied before other values: tiny | small | base."""
+    arch: str = "transf"
+    """Attention architecture preset (sets encoder/decoder attention names): transf, ..."""
+    d_model: int = 512
+    """Model (embedding) dimension d."""
+    heads: int = 8
+    """Attention heads H; d_model must be divisible by it."""
+    ffn_dim: int = 2048
+    """Inner size of the position-wise feed-forward network."""
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    dropout: float = 0.1
+    """Residual and embedding dropout."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights (the RAN paper uses 0.2 for RAN)."""
+    activation_dropout: float = 0.0
+    """Dropout after the feed-forward activation."""
+    norm: str = "pre"
+    """Layer-norm placement: pre | post."""
+    positions: str = "sinusoidal"
+    """Default position embedding: sinusoidal | learned | none."""
+    max_positions: int = 256
+    """N: the longest sequence (in subwords, with EOS) the model handles."""
+    share_embeddings: bool = True
+    """Share source and target embeddings (needs a joint vocabulary; ignored otherwise)."""
+    tie_output: bool = True
+    """Tie the decoder output projection to the target embedding."""
+    activation: str = "relu"
+    """Feed-forward activation: relu | gelu."""
+    src_vocab_size: int = 0
+    """Source vocabulary size (filled in from the prepared data at training time)."""
+    tgt_vocab_size: int = 0
+    """Target vocabulary size (filled in from the prepared data at training time)."""
+    joint_vocab: bool = False
+    """Whether source and target share one vocabulary (filled in from the data)."""
+
+
+# --------------------------------------------------------------------------- data / train / decode
+
+
+@dataclass
+class DataConfig:
+    dir: str = ""
+    """Prepared-data directory (written by ``ranmt prepare``)."""
+    max_tokens: int = 4096
+    """Tokens per batch, counted as sentences x longest side (padding included)."""
+    max_sentences: int = 0
+    """Upper bound on sentences per batch (0 = none)."""
+    bucket_noise: float = 0.5
+    """Random noise added to lengths before sorting, so batches differ between epochs."""
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    """Seed for parameters, dropout and batch order."""
+    lr: float = 7e-4
+    """Peak learning rate, reached at the end of warm-up."""
+    warmup_steps: int = 4000
+    """Linear warm-up steps of the inverse-square-root schedule."""
+    warmup_init_lr: float = 1e-7
+    """Learning rate at step 0."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    """Clip the gradient norm to this value (0 = no clipping)."""
+    accumulation: int = 1
+    """Batches accumulated into one optimizer step."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0 = no limit)."""
+    max_epochs: int = 0
+    """Stop after this many epochs (0 = no limit)."""
+    max_time: str = "0"
+    """Stop after this wall time: seconds, or 30m / 2h / 90s (0 = no limit)."""
+    validate_every: int = 1000
+    """Validate (loss and BLEU) every this many steps, and at the end."""
+    validate_bleu: bool = True
+    """Compute validation BLEU (greedy) at each validation; the best checkpoint uses it."""
+    valid_max_sentences: int = 0
+    """Score BLEU on at most this many validation sentences (0 = all)."""
+    log_every: int = 100
+    """Log a line (loss, lr, tokens/s) every this many steps."""
+    keep_last: int = 2
+    """Number of most recent checkpoints kept besides the best."""
+    patience: int = 0
+    """Early stopping: validations without improvement before stopping (0 = off)."""
+    precision: str = "auto"
+    """fp32 | bf16 | fp16 | auto (bf16 on CUDA when supported, else fp32)."""
+    device: str = "auto"
+    """cpu | cuda | cuda:N | auto."""
+    threads: int = 0
+    """CPU threads for torch (0 = leave torch's default)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to RUN/tensorboard."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 4
+    """Beam size (1 = greedy)."""
+    lenpen: float = 0.6
+    """Length penalty exponent alpha."""
+    lenpen_style: str = "gnmt"
+    """gnmt: ((5+|Y|)/6)^alpha | fairseq: |Y|^alpha."""
+    max_len_a: float = 1.2
+    """Output length limit a in a*|src| + b."""
+    max_len_b: int = 10
+    """Output length limit b in a*|src| + b."""
+    batch_size: int = 64
+    """Sentences per decoding batch."""
+    nbest: int = 1
+    """Hypotheses returned per input."""
+    truncate_long: bool = False
+    """Truncate inputs longer than model.max_positions (with a warning) instead of failing."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# --------------------------------------------------------------------------- presets
+
+def _preset_tiny(m: ModelConfig) -> None:
+    m.d_model, m.heads, m.ffn_dim = 64, 4, 128
+    m.encoder.layers = m.decoder.layers = 2
+    m.max_positions = 64
+
+
+def _preset_small(m: ModelConfig) -> None:
+    m.d_model, m.heads, m.ffn_dim = 256, 4, 1024
+    m.encoder.layers = m.decoder.layers = 3
+
+
+def _preset_base(m: ModelConfig) -> None:
+    m.d_model, m.heads, m.ffn_dim = 512, 8, 2048
+    m.encoder.layers = m.decoder.layers = 6
+
+
+MODEL_PRESETS = {"tiny": _preset_tiny, "small": _preset_small, "base": _preset_base}
+
+
+def _arch_transf(m: ModelConfig) -> None:
+    m.encoder.self_attention = "dot"
+    m.decoder.self_attention = "dot"
+    m.decoder.cross_attention = "dot"
+
+
+ARCH_PRESETS = {"transf": _arch_transf}
+"""Architecture presets: name -> function setting the attention of each component."""
+
+
+# --------------------------------------------------------------------------- (de)serialisation
+
+def to_dict(cfg: Any) -> dict:
+    """Nested plain dict (tuples become lists) suitable for JSON/YAML."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def from_dict(data: dict) -> Config:
+    """Rebuild a :class:`Config` from :func:`to_dict` output (no presets applied)."""
+    cfg = Config()
+    for key, value in _flatten(data).items():
+        set_value(cfg, key, value)
+    return cfg
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def all_keys(cfg: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree."""
+    cfg = Config() if cfg is None else cfg
+    keys = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(all_keys(value, f"{prefix}{f.name}."))
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _field_type(obj: Any, name: str) -> Any:
+    hints = typing.get_type_hints(type(obj))
+    return hints[name]
+
+
+def _convert(value: Any, typ: Any, key: str) -> Any:
+    """Convert ``value`` (a YAML scalar or a command-line string) to ``typ``."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            if isinstance(value, (dict, list)):
+                raise ValueError
+            return str(value)
+        if origin is tuple:
+            if isinstance(value, str):
+                value = yaml.safe_load(value if value.strip().startswith("[") else f"[{value}]")
+            args = typing.get_args(typ)
+            if not isinstance(value, (list, tuple)) or len(value) != len(args):
+                raise ValueError
+            return tuple(_convert(v, a, key) for v, a in zip(value, args))
+        if origin in (typing.Union, types.UnionType):
+            raise ValueError  # no union fields for now
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    type_name = getattr(typ, "__name__", str(typ))
+    raise ConfigError(f"config key '{key}': cannot use {value!r} as {type_name}")
+
+
+def set_value(cfg: Config, key: str, value: Any) -> None:
+    """Set dotted ``key`` to ``value`` converted to the field's type."""
+    parts = key.split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        names = {f.name for f in dataclasses.fields(obj)}
+        if part not in names:
+            close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown config key '{key}'{hint}")
+        if i == len(parts) - 1:
+            current = getattr(obj, part)
+            if dataclasses.is_dataclass(current):
+                raise ConfigError(f"config key '{key}' is a section; set one of its fields")
+            setattr(obj, part, _convert(value, _field_type(obj, part), key))
+        else:
+            obj = getattr(obj, part)
+            if not dataclasses.is_dataclass(obj):
+                raise ConfigError(f"config key '{key}': '{part}' is not a section")
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``["a.b=1", "c=x"]`` -> ``{"a.b": "1", "c": "x"}``."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def validate(cfg: Config) -> None:
+    """Check values that each field's type alone does not constrain."""
+    m = cfg.model
+    if m.preset not in MODEL_PRESETS:
+        raise ConfigError(f"model.preset '{m.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
+    if m.arch not in ARCH_PRESETS:
+        raise ConfigError(f"model.arch '{m.arch}' unknown; choose from {sorted(ARCH_PRESETS)}")
+    if m.d_model <= 0 or m.heads <= 0 or m.d_model % m.heads:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be a positive multiple of model.heads")
+    if m.norm not in ("pre", "post"):
+        raise ConfigError(f"model.norm must be pre or post, not '{m.norm}'")
+    for key, value in (("model.positions", m.positions), ("model.encoder.positions",
+                       m.encoder.positions), ("model.decoder.positions", m.decoder.positions)):
+        if value not in ("sinusoidal", "learned", "none", "") or (key == "model.positions"
+                                                                  and not value):
+            raise ConfigError(f"{key} must be sinusoidal, learned or none, not '{value}'")
+    if m.activation not in ("relu", "gelu"):
+        raise ConfigError(f"model.activation must be relu or gelu, not '{m.activation}'")
+    if m.max_positions < 2:
+        raise ConfigError("model.max_positions must be at least 2")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            raise ConfigError(f"model.{key} must be in [0, 1)")
+    if m.encoder.layers < 1 or m.decoder.layers < 1:
+        raise ConfigError("model.encoder.layers and model.decoder.layers must be >= 1")
+    d = cfg.decode
+    if d.beam < 1:
+        raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
+    if d.nbest < 1 or d.nbest > d.beam:
+        raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
+    if d.max_len_a < 0 or d.max_len_b < 0:
+        raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
+    if d.batch_size < 1:
+        raise ConfigError("decode.batch_size must be >= 1")
+    if d.lenpen_style not in ("gnmt", "fairseq"):
+        raise ConfigError("decode.lenpen_style must be gnmt or fairseq")
+    t = cfg.train
+    if t.precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise ConfigError("train.precision must be auto, fp32, bf16 or fp16")
+    if t.accumulation < 1:
+        raise ConfigError("train.accumulation must be >= 1")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        raise ConfigError("train.label_smoothing must be in [0, 1)")
+    for key in ("max_steps", "max_epochs", "warmup_steps", "keep_last", "patience"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key} must be non-negative")
+    parse_duration(t.max_time)
+    if cfg.data.max_tokens < 1:
+        raise ConfigError("data.max_tokens must be >= 1")
+
+
+def parse_duration(text: str | int | float) -> float:
+    """``"30m"`` -> 1800.0, ``"2h"`` -> 7200.0, ``"90"``/``"90s"`` -> 90.0."""
+    raw = str(text).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        unit = scale.get(raw[-1:])
+        seconds = float(raw[:-1]) * unit if unit else float(raw)
+    except ValueError:
+        raise ConfigError(f"cannot read duration '{text}' (use e.g. 1800, 30m, 2h)") from None
+    if seconds < 0:
+        raise ConfigError(f"duration '{text}' is negative")
+    return seconds
+
+
+def load_config(path: str | Path | None = None,
+                overrides: list[str] | dict | None = None) -> Config:
+    """Build a config from defaults, presets, a YAML file and overrides (see module doc)."""
+    file_values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        with open(path, encoding="utf-8") as handle:
+            try:
+                loaded = yaml.safe_load(handle) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        file_values = _flatten(loaded)
+    if isinstance(overrides, dict):
+        cli_values = dict(overrides)
+    else:
+        cli_values = parse_overrides(list(overrides or []))
+
+    cfg = Config()
+    for key in ("model.preset", "model.arch"):
+        value = cli_values.get(key, file_values.get(key))
+        if value is not None:
+            set_value(cfg, key, value)
+    validate_presets(cfg)
+    MODEL_PRESETS[cfg.model.preset](cfg.model)
+    ARCH_PRESETS[cfg.model.arch](cfg.model)
+    for source in (file_values, cli_values):
+        for key, value in source.items():
+            if key not in ("model.preset", "model.arch"):
+                set_value(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def validate_presets(cfg: Config) -> None:
+    if cfg.model.preset not in MODEL_PRESETS:
+        raise ConfigError(
+            f"model.preset '{cfg.model.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
+    if cfg.model.arch not in ARCH_PRESETS:
+        raise ConfigError(
+            f"model.arch '{cfg.model.arch}' unknown; choose from {sorted(ARCH_PRESETS)}")
+
+
+def save_yaml(cfg: Config, path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(to_dict(cfg), handle, sort_keys=False)

@@ -1,0 +1,1 @@
+"""Data: Multi30k download, SentencePiece vocabularies, prepared corpora, token batching."""

@@ -1,0 +1,105 @@
+"""Token-based batching with length bucketing, and collation into padded tensors.
+
+A batch holds at most ``max_tokens`` tokens counted as ``sentences x longest side``
+(padding and EOS included), so memory per batch is bounded. Training batches are formed
+from lengths sorted with a little noise and visited in a shuffled order that depends only
+on ``(seed, epoch)``: the position inside an epoch (its batch index) is all that is
+needed to resume exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ranmt.data.vocab import BOS, EOS, PAD
+
+
+def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
+                 max_sentences: int = 0, seed: int | None = None, epoch: int = 0,
+                 noise: float = 0.0) -> list[np.ndarray]:
+    """Index arrays of batches covering every example exactly once.
+
+    With ``seed`` None the order is deterministic by length (for decoding); otherwise lengths
+    get uniform noise in [0, noise) and batch order is shuffled with ``(seed, epoch)``.
+    """
+    src_lens = np.asarray(src_lens) + 1  # + EOS
+    tgt_lens = np.asarray(tgt_lens) + 1  # + BOS/EOS shift
+    count = len(src_lens)
+    if count == 0:
+        return []
+    rng = np.random.default_rng([seed, epoch]) if seed is not None else None
+    jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
+    order = np.lexsort((src_lens + jitter, tgt_lens + jitter))
+    batches = []
+    start = 0
+    longest = 0
+    for pos in range(count):
+        index = order[pos]
+        width = max(longest, src_lens[index], tgt_lens[index])
+        size = pos - start + 1
+        too_many = (width * size > max_tokens) or (max_sentences and size > max_sentences)
+        if too_many and pos > start:
+            batches.append(order[start:pos])
+            start, longest = pos, max(src_lens[index], tgt_lens[index])
+        else:
+            longest = width
+    batches.append(order[start:count])
+    if rng is not None:
+        permutation = rng.permutation(len(batches))
+        batches = [batches[i] for i in permutation]
+    return batches
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor
+    """(B, S) source ids + EOS, right-padded."""
+    tgt_in: torch.Tensor
+    """(B, T) BOS + target ids, right-padded."""
+    tgt_out: torch.Tensor
+    """(B, T) target ids + EOS, right-padded."""
+    indices: np.ndarray
+    """(B,) example indices in the split."""
+
+    @property
+    def target_tokens(self) -> int:
+        return int(self.tgt_out.ne(PAD).sum())
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.src.to(device, non_blocking=True),
+                     self.tgt_in.to(device, non_blocking=True),
+                     self.tgt_out.to(device, non_blocking=True), self.indices)
+
+
+def pad_sources(seqs: list[np.ndarray] | list[list[int]]) -> torch.Tensor:
+    """Sources + EOS, right-padded: (B, S)."""
+    width = max(len(s) for s in seqs) + 1
+    out = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+        out[row, len(seq)] = EOS
+    return out
+
+
+def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray) -> Batch:
+    width = max(len(t) for t in tgt) + 1
+    tgt_in = torch.full((len(tgt), width), PAD, dtype=torch.long)
+    tgt_out = torch.full((len(tgt), width), PAD, dtype=torch.long)
+    for row, seq in enumerate(tgt):
+        ids = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+        tgt_in[row, 0] = BOS
+        tgt_in[row, 1: len(seq) + 1] = ids
+        tgt_out[row, : len(seq)] = ids
+        tgt_out[row, len(seq)] = EOS
+    return Batch(pad_sources(src), tgt_in, tgt_out, indices)
+
+
+def batch_from_split(split, indices: np.ndarray, max_positions: int | None = None) -> Batch:
+    """Collate examples ``indices`` of an :class:`EncodedSplit` (truncated to fit positions)."""
+    limit = None if max_positions is None else max_positions - 1
+    src = [split.src[i][:limit] for i in indices]
+    tgt = [split.tgt[i][:limit] for i in indices]
+    return collate(src, tgt, indices)

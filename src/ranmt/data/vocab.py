@@ -1,0 +1,61 @@
+"""SentencePiece vocabularies with fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+def train_sentencepiece(lines: Iterable[str], model_path: str | Path, vocab_size: int,
+                        model_type: str = "bpe", seed_sentences: int = 2_000_000) -> None:
+    """Train a SentencePiece model on ``lines`` and write it to ``model_path``.
+
+    ``hard_vocab_limit`` is off, so a corpus too small for ``vocab_size`` yields a smaller
+    vocabulary instead of an error.
+    """
+    if model_type not in ("bpe", "unigram", "char", "word"):
+        raise ValueError(f"unknown SentencePiece model type '{model_type}'")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for line in lines if line.strip()]),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=1.0,
+        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+        hard_vocab_limit=False,
+        input_sentence_size=seed_sentences,
+        shuffle_input_sentence=True,
+        minloglevel=2,
+    )
+    Path(model_path).write_bytes(model.getvalue())
+
+
+class Vocab:
+    """A loaded SentencePiece model: text <-> ids (no BOS/EOS added)."""
+
+    def __init__(self, model_path: str | Path):
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise FileNotFoundError(f"SentencePiece model {model_path} does not exist")
+        self.path = model_path
+        self.processor = spm.SentencePieceProcessor(model_file=str(model_path))
+        if self.processor.pad_id() != PAD or self.processor.eos_id() != EOS:
+            raise ValueError(f"{model_path}: special ids differ from ranmt's (pad 0, eos 3)")
+
+    def __len__(self) -> int:
+        return self.processor.get_piece_size()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.processor.encode(texts, out_type=int)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [self.processor.decode(seq) for seq in ids]
+
+    def pieces(self, text: str) -> list[str]:
+        return self.processor.encode(text, out_type=str)

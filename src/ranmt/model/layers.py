@@ -1,0 +1,186 @@
+"""Building blocks of the encoder-decoder: embeddings, positions, feed-forward, layers.
+
+Layers receive their attention modules (composition) and never look at variant names.
+Both pre-norm (default; LN before each sublayer, a final LN after the stack) and post-norm
+(the original Transformer; LN after each residual addition) are supported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ranmt.attention.base import Attention
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos position embeddings (Vaswani et al., 2017, Sec. 3.5)."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", self._table(max_positions), persistent=False)
+
+    def _table(self, length: int) -> Tensor:
+        position = torch.arange(length, dtype=torch.float32)[:, None]
+        half = self.d_model // 2
+        freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+        angles = position * freq[None, :]  # (N, d/2)
+        table = torch.zeros(length, self.d_model)
+        table[:, 0::2] = torch.sin(angles)
+        table[:, 1: 2 * half: 2] = torch.cos(angles)
+        return table
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """(length, d) embeddings of positions offset .. offset+length-1."""
+        end = offset + length
+        if end > self.table.shape[0]:
+            self.table = self._table(end).to(self.table.device)
+        return self.table[offset:end]
+
+
+class LearnedPositions(nn.Module):
+    """Trainable position embeddings for positions 0..N-1."""
+
+    def __init__(self, d_model: int, max_positions: int):
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.embedding.num_embeddings:
+            raise ValueError(
+                f"sequence of {end} positions exceeds learned positions "
+                f"(model.max_positions={self.embedding.num_embeddings})")
+        return self.embedding.weight[offset:end]
+
+
+def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module | None:
+    if kind == "sinusoidal":
+        return SinusoidalPositions(d_model, max_positions)
+    if kind == "learned":
+        return LearnedPositions(d_model, max_positions)
+    if kind == "none":
+        return None
+    raise ValueError(f"unknown position embedding '{kind}' (sinusoidal | learned | none)")
+
+
+class Embedder(nn.Module):
+    """Token embedding * sqrt(d) + position embedding, then dropout. (B, T) -> (B, T, d)."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float):
+        super().__init__()
+        self.tokens = tokens
+        self.positions = positions
+        self.scale = math.sqrt(tokens.embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], offset).to(x.dtype)
+        return self.dropout(x)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: W_2 act(W_1 x + b_1) + b_2."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.dropout = nn.Dropout(activation_dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual wrapper with pre- or post-layer-norm around one sublayer."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def normed_input(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def residual(self, x: Tensor, update: Tensor) -> Tensor:
+        out = x + self.dropout(update)
+        return out if self.pre_norm else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention (optional) + feed-forward (optional)."""
+
+    def __init__(self, self_attention: Attention | None, ffn: FeedForward | None,
+                 d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.self_attention = self_attention
+        self.ffn = ffn
+        self.attn_sub = Sublayer(d_model, dropout, pre_norm) if self_attention else None
+        self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn else None
+
+    def forward(self, x: Tensor, pad_mask: Tensor, state: Any = None,
+                need_weights: bool = False) -> tuple[Tensor, Any, Tensor | None]:
+        """x (B, S, d), pad_mask (B, S) -> (x, state for next layer, weights (B,H,S,S)|None)."""
+        weights = None
+        if self.self_attention is not None:
+            h = self.attn_sub.normed_input(x)
+            out = self.self_attention(h, h, key_padding_mask=pad_mask, causal=False,
+                                      state=state, need_weights=need_weights)
+            x = self.attn_sub.residual(x, out.context)
+            state, weights = out.state, out.weights
+        if self.ffn is not None:
+            x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
+        return x, state, weights
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention (optional) + cross-attention (optional) + feed-forward (optional)."""
+
+    def __init__(self, self_attention: Attention | None, cross_attention: Attention | None,
+                 ffn: FeedForward | None, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.self_attention = self_attention
+        self.cross_attention = cross_attention
+        self.ffn = ffn
+        self.self_sub = Sublayer(d_model, dropout, pre_norm) if self_attention else None
+        self.cross_sub = Sublayer(d_model, dropout, pre_norm) if cross_attention else None
+        self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn else None
+
+    def forward(self, x: Tensor, memory: Tensor, src_pad_mask: Tensor, self_state: Any = None,
+                cross_state: Any = None, cache: dict | None = None, need_weights: bool = False):
+        """x (B, T, d), memory (B, S, d) -> (x, self_state, cross_state, weights dict).
+
+        ``cache`` (incremental decoding) holds ``{"self": {...}, "cross": {...}}``.
+        """
+        weights: dict[str, Tensor | None] = {}
+        if self.self_attention is not None:
+            h = self.self_sub.normed_input(x)
+            out = self.self_attention(
+                h, h, key_padding_mask=None, causal=True, state=self_state,
+                cache=None if cache is None else cache["self"], need_weights=need_weights)
+            x = self.self_sub.residual(x, out.context)
+            self_state, weights["self"] = out.state, out.weights
+        if self.cross_attention is not None:
+            h = self.cross_sub.normed_input(x)
+            out = self.cross_attention(
+                h, memory, key_padding_mask=src_pad_mask, causal=False, state=cross_state,
+                cache=None if cache is None else cache["cross"], need_weights=need_weights)
+            x = self.cross_sub.residual(x, out.context)
+            cross_state, weights["cross"] = out.state, out.weights
+        if self.ffn is not None:
+            x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
+        return x, self_state, cross_state, weights

@@ -1,0 +1,232 @@
+"""The encoder-decoder model and ``build_model(cfg)``, the only reader of the model config.
+
+Shapes: src (B, S), tgt_in (B, T) token ids; memory (B, S, d); logits (B, T, V).
+Cross-layer attention state (e.g. RAN's ``A_l``) is passed explicitly up each stack: the
+first layer receives ``initial_state()`` of its attention and each layer returns the
+state for the next one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
+from ranmt.config import ModelConfig
+from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Encoder(nn.Module):
+    def __init__(self, embedder: Embedder, layers: list[EncoderLayer], final_norm: nn.Module):
+        super().__init__()
+        self.embedder = embedder
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def initial_state(self) -> Any:
+        attention = self.layers[0].self_attention
+        return attention.initial_state() if attention is not None else None
+
+    def forward(self, src: Tensor, pad_mask: Tensor, need_weights: bool = False):
+        """src (B, S), pad_mask (B, S) -> memory (B, S, d), list of per-layer weights."""
+        x = self.embedder(src)
+        state = self.initial_state()
+        all_weights = []
+        for layer in self.layers:
+            x, state, weights = layer(x, pad_mask, state, need_weights)
+            all_weights.append(weights)
+        return self.final_norm(x), all_weights
+
+
+class Decoder(nn.Module):
+    def __init__(self, embedder: Embedder, layers: list[DecoderLayer], final_norm: nn.Module,
+                 output: nn.Linear | None):
+        super().__init__()
+        self.embedder = embedder
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+        self.output = output  # None: tied to the target embedding
+
+    def initial_states(self) -> tuple[Any, Any]:
+        first = self.layers[0]
+        self_state = first.self_attention.initial_state() if first.self_attention else None
+        cross_state = None
+        for layer in self.layers:  # SH-X-like stacks may lack cross-attention in layer 0
+            if layer.cross_attention is not None:
+                cross_state = layer.cross_attention.initial_state()
+                break
+        return self_state, cross_state
+
+    def project(self, x: Tensor) -> Tensor:
+        """(B, T, d) -> logits (B, T, V)."""
+        if self.output is None:
+            return F.linear(x, self.embedder.tokens.weight)
+        return self.output(x)
+
+    def forward(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
+                cache: dict | None = None, need_weights: bool = False):
+        """tgt_in (B, T) -> logits (B, T, V), per-layer weight dicts.
+
+        With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position cache["step"].
+        """
+        offset = 0 if cache is None else cache["step"]
+        x = self.embedder(tgt_in, offset)
+        self_state, cross_state = self.initial_states()
+        all_weights = []
+        for index, layer in enumerate(self.layers):
+            layer_cache = None
+            if cache is not None:
+                layer_cache = cache["layers"][index]
+                layer_cache["self"]["step"] = offset
+                layer_cache["cross"]["step"] = offset
+            x, self_state, cross_state, weights = layer(
+                x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights)
+            all_weights.append(weights)
+        return self.project(self.final_norm(x)), all_weights
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder Transformer with pluggable attention."""
+
+    def __init__(self, encoder: Encoder, decoder: Decoder, config: ModelConfig):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.config = config
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+
+    def encode(self, src: Tensor, need_weights: bool = False):
+        """src (B, S) -> memory (B, S, d), pad mask (B, S), encoder weights."""
+        pad_mask = src.eq(self.pad_id)
+        memory, weights = self.encoder(src, pad_mask, need_weights)
+        return memory, pad_mask, weights
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False):
+        """Teacher-forced pass: src (B, S), tgt_in (B, T) -> logits (B, T, V).
+
+        With ``need_weights`` returns ``(logits, {"encoder": [...], "decoder": [...]})``.
+        """
+        memory, pad_mask, enc_weights = self.encode(src, need_weights)
+        logits, dec_weights = self.decoder(tgt_in, memory, pad_mask, need_weights=need_weights)
+        if need_weights:
+            return logits, {"encoder": enc_weights, "decoder": dec_weights}
+        return logits
+
+    # ---------------------------------------------------------------- incremental decoding
+    def init_cache(self, memory: Tensor, pad_mask: Tensor) -> dict:
+        return {
+            "step": 0,
+            "memory": memory,
+            "pad_mask": pad_mask,
+            "layers": [{"self": {}, "cross": {}} for _ in self.decoder.layers],
+        }
+
+    def decode_step(self, prev_tokens: Tensor, cache: dict) -> Tensor:
+        """prev_tokens (B, 1) at position cache["step"] -> log-probs (B, V) (float32)."""
+        logits, _ = self.decoder(prev_tokens, cache["memory"], cache["pad_mask"], cache=cache)
+        cache["step"] += 1
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    @staticmethod
+    def reorder_cache(cache: dict, order: Tensor) -> None:
+        """Keep batch entries ``order`` (1-D long; may repeat or shrink) of a decoder cache."""
+        cache["memory"] = cache["memory"].index_select(0, order)
+        cache["pad_mask"] = cache["pad_mask"].index_select(0, order)
+        for layer_cache in cache["layers"]:
+            reorder_cache(layer_cache["self"], order)
+            reorder_cache(layer_cache["cross"], order)
+
+
+def _positions_kind(model_default: str, override: str) -> str:
+    return override or model_default
+
+
+def build_model(cfg: ModelConfig) -> Seq2Seq:
+    """Build the model described by ``cfg`` (vocabulary sizes included)."""
+    if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
+        raise ValueError("model.src_vocab_size / model.tgt_vocab_size are not set "
+                         "(they come from the prepared data)")
+    d = cfg.d_model
+    pre_norm = cfg.norm == "pre"
+
+    def embedding(size: int) -> nn.Embedding:
+        emb = nn.Embedding(size, d, padding_idx=PAD_ID)
+        nn.init.normal_(emb.weight, std=d ** -0.5)
+        with torch.no_grad():
+            emb.weight[PAD_ID].zero_()
+        return emb
+
+    src_tokens = embedding(cfg.src_vocab_size)
+    share = cfg.share_embeddings and cfg.joint_vocab and cfg.src_vocab_size == cfg.tgt_vocab_size
+    tgt_tokens = src_tokens if share else embedding(cfg.tgt_vocab_size)
+
+    def spec(role: str, index: int, layers: int, shared: Any) -> AttentionSpec:
+        return AttentionSpec(d_model=d, heads=cfg.heads, dropout=cfg.attention_dropout,
+                             max_positions=cfg.max_positions, role=role, layer_index=index,
+                             num_layers=layers, shared=shared)
+
+    def ffn() -> FeedForward:
+        return FeedForward(d, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
+
+    enc_layers = cfg.encoder.layers
+    enc_shared = build_shared(cfg.encoder.self_attention, "encoder_self",
+                              spec("encoder_self", 0, enc_layers, None))
+    encoder_layers = [
+        EncoderLayer(build_attention(cfg.encoder.self_attention,
+                                     spec("encoder_self", i, enc_layers, enc_shared)),
+                     ffn(), d, cfg.dropout, pre_norm)
+        for i in range(enc_layers)
+    ]
+    dec_layers = cfg.decoder.layers
+    self_shared = build_shared(cfg.decoder.self_attention, "decoder_self",
+                               spec("decoder_self", 0, dec_layers, None))
+    cross_shared = build_shared(cfg.decoder.cross_attention, "cross",
+                                spec("cross", 0, dec_layers, None))
+    decoder_layers = [
+        DecoderLayer(
+            build_attention(cfg.decoder.self_attention,
+                            spec("decoder_self", i, dec_layers, self_shared)),
+            build_attention(cfg.decoder.cross_attention, spec("cross", i, dec_layers,
+                                                              cross_shared)),
+            ffn(), d, cfg.dropout, pre_norm)
+        for i in range(dec_layers)
+    ]
+
+    def final_norm() -> nn.Module:
+        return nn.LayerNorm(d) if pre_norm else nn.Identity()
+
+    encoder = Encoder(
+        Embedder(src_tokens, build_positions(_positions_kind(cfg.positions, cfg.encoder.positions),
+                                             d, cfg.max_positions), cfg.dropout),
+        encoder_layers, final_norm())
+    output = None
+    if not cfg.tie_output:
+        output = nn.Linear(d, cfg.tgt_vocab_size, bias=False)
+        nn.init.normal_(output.weight, std=d ** -0.5)
+    decoder = Decoder(
+        Embedder(tgt_tokens, build_positions(_positions_kind(cfg.positions, cfg.decoder.positions),
+                                             d, cfg.max_positions), cfg.dropout),
+        decoder_layers, final_norm(), output)
+    return Seq2Seq(encoder, decoder, cfg)
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """Trainable parameter counts: total and per top-level component (shared counted once)."""
+    seen: set[int] = set()
+    counts: dict[str, int] = {}
+    for name, param in model.named_parameters():
+        if id(param) in seen or not param.requires_grad:
+            continue
+        seen.add(id(param))
+        parts = name.split(".")
+        component = ".".join(parts[:2]) if parts[0] in ("encoder", "decoder") else parts[0]
+        if len(parts) > 2 and parts[1] == "layers":
+            component = f"{parts[0]}.layers"
+        counts[component] = counts.get(component, 0) + param.numel()
+    counts["total"] = sum(v for k, v in counts.items())
+    return counts

@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny models built from config, synthetic corpora, the Multi30k copy."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from ranmt.config import load_config
+from ranmt.model import build_model
+
+
+def tiny_config(**overrides):
+    values = {"model.preset": "tiny", "model.src_vocab_size": 40, "model.tgt_vocab_size": 40,
+              "model.joint_vocab": "true", "model.dropout": 0.0}
+    values.update({k: str(v) for k, v in overrides.items()})
+    return load_config(None, values)
+
+
+def tiny_model(seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    cfg = tiny_config(**overrides)
+    return build_model(cfg.model).eval(), cfg
+
+
+def random_batch(batch: int = 3, src_len: int = 7, tgt_len: int = 6, vocab: int = 40,
+                 seed: int = 0, pad_rows: bool = True):
+    """(src (B,S) with EOS and right padding, tgt_in (B,T) starting with BOS)."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (batch, src_len), generator=gen)
+    src[:, -1] = 3
+    if pad_rows and batch > 1:
+        src[1, src_len - 3:] = 0
+        src[1, src_len - 4] = 3
+    tgt = torch.randint(4, vocab, (batch, tgt_len), generator=gen)
+    tgt[:, 0] = 2
+    return src, tgt
+
+
+def write_parallel(prefix: Path, src_lines, tgt_lines, src="src", tgt="tgt") -> None:
+    Path(f"{prefix}.{src}").write_text("".join(s + "\n" for s in src_lines), encoding="utf-8")
+    Path(f"{prefix}.{tgt}").write_text("".join(t + "\n" for t in tgt_lines), encoding="utf-8")
+
+
+def reverse_task(count: int, seed: int, min_len: int = 3, max_len: int = 8):
+    """Random strings of letters (one word each) and their reversal."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnop"
+    src, tgt = [], []
+    for _ in range(count):
+        words = [rng.choice(letters) for _ in range(rng.randint(min_len, max_len))]
+        src.append(" ".join(words))
+        tgt.append(" ".join(reversed(words)))
+    return src, tgt
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    root = os.environ.get("RANMT_DATA_DIR")
+    path = Path(root) / "multi30k" if root else None
+    if path is None or not (path / "train.en.gz").is_file():
+        pytest.skip("Multi30k copy not found: set RANMT_DATA_DIR to a folder holding "
+                    "multi30k/*.gz (e.g. ../shared/data)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def reverse_data(tmp_path_factory) -> Path:
+    """A prepared reverse-the-string corpus: 6000 train, 200 valid, 200 held-out test pairs."""
+    from ranmt.data.corpus import prepare
+
+    root = tmp_path_factory.mktemp("reverse")
+    for name, count, seed in (("train", 6000, 0), ("valid", 200, 1), ("test", 200, 2)):
+        src, tgt = reverse_task(count, seed)
+        write_parallel(root / name, src, tgt)
+    prepare("src", "tgt", str(root / "train"), str(root / "valid"), root / "data",
+            tests={"test": str(root / "test")}, vocab_size=40, max_positions=64,
+            log=lambda _msg: None)
+    return root / "data"

@@ -1,0 +1,114 @@
+"""The command line: subcommand spellings, translate line accounting, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_config
+from ranmt.checkpoint import save_checkpoint
+from ranmt.cli import build_parser, main
+from ranmt.model import build_model
+
+
+@pytest.fixture(scope="module")
+def untrained_run(reverse_data, tmp_path_factory):
+    """An untrained tiny checkpoint over the synthetic vocabulary (fast; outputs are junk)."""
+    from ranmt.data.corpus import load_meta
+
+    meta = load_meta(reverse_data)
+    cfg = tiny_config(**{"model.src_vocab_size": meta["src_vocab_size"],
+                         "model.tgt_vocab_size": meta["tgt_vocab_size"]})
+    run = tmp_path_factory.mktemp("run")
+    save_checkpoint(run / "best", build_model(cfg.model), cfg,
+                    {"src": reverse_data / "spm.src.model", "tgt": reverse_data / "spm.tgt.model"})
+    return run
+
+
+def test_contract_subcommands_exist():
+    parser = build_parser()
+    for argv in (["download", "multi30k", "--pair", "en-de", "--out", "d"],
+                 ["prepare", "--src", "en", "--tgt", "de", "--train", "t", "--valid", "v",
+                  "--test", "x=y", "--vocab-size", "10", "--joint", "--max-positions", "9",
+                  "--out", "o"],
+                 ["train", "--data", "d", "--out", "r", "--config", "c.yaml", "a.b=1"],
+                 ["translate", "--checkpoint", "r", "--input", "i", "--output", "o", "--beam",
+                  "2", "--lenpen", "1", "--batch-size", "3"],
+                 ["score", "--ref", "r", "--hyp", "a", "--hyp", "b", "--metrics", "bleu",
+                  "chrf", "ter", "--json"],
+                 ["evaluate", "--checkpoint", "r", "--data", "d", "--split", "test", "--json"],
+                 ["info", "--checkpoint", "r", "--json"]):
+        assert parser.parse_args(argv).command == argv[0]
+
+
+def test_translate_one_line_out_per_line_in(untrained_run, tmp_path):
+    lines = ["a b c", "", "   ", "d e f g h", "p"] * 3
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    main(["translate", "--checkpoint", str(untrained_run), "--input", str(tmp_path / "in.txt"),
+          "--output", str(tmp_path / "out.txt"), "--beam", "2", "--batch-size", "4",
+          "--device", "cpu"])
+    out = (tmp_path / "out.txt").read_text().split("\n")[:-1]
+    assert len(out) == len(lines)
+    assert all(out[i] == "" for i, line in enumerate(lines) if not line.strip())
+
+
+def test_translate_long_line_is_an_error_naming_the_line(untrained_run, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("a b\n" + " ".join(["a"] * 100) + "\n")
+    with pytest.raises(SystemExit) as err:
+        main(["translate", "--checkpoint", str(untrained_run), "--input",
+              str(tmp_path / "in.txt"), "--device", "cpu"])
+    assert err.value.code == 2
+    assert "input line 2" in capsys.readouterr().err
+    main(["translate", "--checkpoint", str(untrained_run), "--input", str(tmp_path / "in.txt"),
+          "--device", "cpu", "--truncate-long", "--output", str(tmp_path / "out.txt")])
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--beam", "0"], "--beam must be >= 1"),
+    (["--batch-size", "-1"], "--batch-size must be >= 1"),
+    (["--max-len-b", "-3"], "non-negative"),
+])
+def test_impossible_decoding_options(untrained_run, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["translate", "--checkpoint", str(untrained_run), "--device", "cpu", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_score_json_and_bootstrap(tmp_path, capsys):
+    refs = [f"the cat number {i} sat on the mat" for i in range(30)]
+    worse = [f"a cat {i} sat on mat" for i in range(30)]
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    (tmp_path / "good").write_text("\n".join(refs) + "\n")
+    (tmp_path / "bad").write_text("\n".join(worse) + "\n")
+    main(["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "good"), "--json"])
+    single = json.loads(capsys.readouterr().out)
+    assert single["bleu"] == pytest.approx(100.0) and single["ter"] == 0.0
+    assert "tok:13a" in single["signature"]["bleu"]
+    main(["score", "--ref", str(tmp_path / "ref"), "--hyp", str(tmp_path / "bad"), "--hyp",
+          str(tmp_path / "good"), "--metrics", "bleu", "--json"])
+    paired = json.loads(capsys.readouterr().out)
+    assert paired["systems"][1]["bleu"] > paired["systems"][0]["bleu"]
+    assert paired["systems"][1]["bleu_p"] < 0.01
+
+
+def test_info_counts_parameters(untrained_run, capsys):
+    main(["info", "--checkpoint", str(untrained_run), "--json"])
+    counts = json.loads(capsys.readouterr().out)["parameters"]
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+
+
+def test_unknown_config_key_via_cli(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["info", "model.dropot=0.1"])
+    assert err.value.code == 2
+    assert "did you mean model.dropout" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "ranmt", "--version"], capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.startswith("ranmt ")

@@ -97,8 +97,11 @@ def test_score_json_and_bootstrap(tmp_path, capsys):
 
 def test_info_counts_parameters(untrained_run, capsys):
     main(["info", "--checkpoint", str(untrained_run), "--json"])
-    counts = json.loads(capsys.readouterr().out)["parameters"]
-    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    result = json.loads(capsys.readouterr().out)
+    counts = result["parameters"]
+    assert result["total"] == counts["total"] == sum(v for k, v in counts.items()
+                                                     if k != "total")
+    assert counts["encoder.self_attention"] == 2 * 4 * (64 * 64 + 64)  # 2 layers, W_q/k/v/o
 
 
 def test_unknown_config_key_via_cli(capsys):
@@ -112,3 +115,26 @@ def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "ranmt", "--version"], capture_output=True,
                             text=True, check=True)
     assert result.stdout.startswith("ranmt ")
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-e", "ran-d", "ran-all", "syn-r"])
+def test_save_load_translate_is_identical(arch, reverse_data, tmp_path):
+    """The checkpoint alone rebuilds the model: same translations before and after loading."""
+    import torch
+
+    from ranmt.data.corpus import load_meta
+    from ranmt.data.vocab import Vocab
+    from ranmt.translator import Translator
+
+    meta = load_meta(reverse_data)
+    cfg = tiny_config(**{"model.arch": arch, "model.src_vocab_size": meta["src_vocab_size"],
+                         "model.tgt_vocab_size": meta["tgt_vocab_size"]})
+    torch.manual_seed(3)
+    model = build_model(cfg.model).eval()
+    vocab = {"src": reverse_data / "spm.src.model", "tgt": reverse_data / "spm.tgt.model"}
+    save_checkpoint(tmp_path / "ckpt", model, cfg, vocab)
+    sentences = ["a b c d", "p o n", "e f g h i j k"]
+    direct = Translator(model, cfg, Vocab(vocab["src"]), Vocab(vocab["tgt"]),
+                        torch.device("cpu")).translate(sentences)
+    loaded = Translator.load(tmp_path / "ckpt", device="cpu").translate(sentences)
+    assert direct == loaded

@@ -22,9 +22,10 @@ def test_max_lengths():
     assert max_lengths(src, 1.5, 2, 8).tolist() == [8, 6]
 
 
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "syn-r"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_one_equals_greedy(seed):
-    model, _ = tiny_model(seed=seed)
+def test_beam_one_equals_greedy(seed, arch):
+    model, _ = tiny_model(seed=seed, **{"model.arch": arch})
     src, _ = random_batch(batch=4, seed=seed)
     greedy = greedy_search(model, src, 1.0, 5)
     beam = beam_search(model, src, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=5)
@@ -71,6 +72,7 @@ def test_scores_are_normalised_log_probabilities():
     [[(tokens, score)]] = beam_search(model, src, beam=2, lenpen=0.6)
     tgt = torch.tensor([[2] + tokens])
     out = torch.tensor([tokens + [EOS_ID]])
-    logprobs = torch.log_softmax(model(src, tgt), -1).gather(-1, out[..., None]).sum()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(src, tgt), -1).gather(-1, out[..., None]).sum()
     assert score == pytest.approx(float(logprobs) / length_penalty(len(tokens) + 1, 0.6),
                                   abs=1e-4)

@@ -168,7 +168,7 @@ def _cmd_info(args) -> None:
         model = build_model(cfg.model)
     counts = count_parameters(model)
     if args.json:
-        print(json.dumps({"parameters": counts, "model": to_dict(cfg.model)}))
+        print(json.dumps({**counts, "parameters": counts, "model": to_dict(cfg.model)}))
     else:
         width = max(len(k) for k in counts)
         for key, value in counts.items():

@@ -59,6 +59,30 @@ class DecoderConfig:
 
 
 @dataclass
+class RANConfig:
+    """Recurrent Attention options (paper 000; see ranmt/attention/ran.py)."""
+
+    transition: str = "paper"
+    """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | released_code."""
+    fixed_initial: bool = False
+    """Keep the Initial Attention Matrices A_0 at their random init (Table 3 ablation)."""
+    released_hidden: int = 1024
+    """Hidden size of the released code's feed-forward transition."""
+    attention_dropout: float = 0.2
+    """Dropout on RAN's attention weights (the paper uses 0.2)."""
+
+
+@dataclass
+class SynthesizerConfig:
+    """Random Synthesizer options (Tay et al., 2020)."""
+
+    fixed: bool = False
+    """Keep the per-layer matrices at their random init (not trained)."""
+    attention_dropout: float = 0.1
+    """Dropout on the synthesizer's attention weights."""
+
+
+@dataclass
 class ModelConfig:
     preset: str = "base"
     """Size preset applied before other values: tiny | small | base."""
@@ -72,6 +96,8 @@ class ModelConfig:
     """Inner size of the position-wise feed-forward network."""
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    ran: RANConfig = field(default_factory=RANConfig)
+    synthesizer: SynthesizerConfig = field(default_factory=SynthesizerConfig)
     dropout: float = 0.1
     """Residual and embedding dropout."""
     attention_dropout: float = 0.0
@@ -216,7 +242,22 @@ def _arch_transf(m: ModelConfig) -> None:
     m.decoder.cross_attention = "dot"
 
 
-ARCH_PRESETS = {"transf": _arch_transf}
+def _arch(encoder_self: str, decoder_self: str, cross: str = "dot"):
+    def apply(m: ModelConfig) -> None:
+        m.encoder.self_attention = encoder_self
+        m.decoder.self_attention = decoder_self
+        m.decoder.cross_attention = cross
+
+    return apply
+
+
+ARCH_PRESETS = {
+    "transf": _arch_transf,
+    "ran-e": _arch("ran", "dot"),
+    "ran-d": _arch("dot", "ran"),
+    "ran-all": _arch("ran", "ran"),
+    "syn-r": _arch("synthesizer", "synthesizer"),
+}
 """Architecture presets: name -> function setting the attention of each component."""
 
 
@@ -368,9 +409,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.activation must be relu or gelu, not '{m.activation}'")
     if m.max_positions < 2:
         raise ConfigError("model.max_positions must be at least 2")
-    for key in ("dropout", "attention_dropout", "activation_dropout"):
-        if not 0.0 <= getattr(m, key) < 1.0:
+    for key in ("dropout", "attention_dropout", "activation_dropout", "ran.attention_dropout",
+                "synthesizer.attention_dropout"):
+        section, _, name = key.rpartition(".")
+        if not 0.0 <= getattr(getattr(m, section) if section else m, name) < 1.0:
             raise ConfigError(f"model.{key} must be in [0, 1)")
+    if m.ran.transition not in ("paper", "no_ln_res", "released_code"):
+        raise ConfigError(f"model.ran.transition '{m.ran.transition}' unknown; choose from "
+                          "paper, no_ln_res, released_code")
     if m.encoder.layers < 1 or m.decoder.layers < 1:
         raise ConfigError("model.encoder.layers and model.decoder.layers must be >= 1")
     d = cfg.decode

@@ -7,6 +7,7 @@ import torch
 
 from ranmt.attention import REGISTRY, AttentionSpec, build_attention, reorder_cache
 from ranmt.attention.base import build_mask
+from ranmt.config import RANConfig, SynthesizerConfig
 
 D, H, N = 32, 4, 16
 
@@ -14,7 +15,8 @@ D, H, N = 32, 4, 16
 def make(name: str, role: str, dropout: float = 0.0):
     cls = REGISTRY[name]
     spec = AttentionSpec(d_model=D, heads=H, dropout=dropout, max_positions=N, role=role,
-                         layer_index=0, num_layers=1)
+                         layer_index=0, num_layers=1,
+                         options={"ran": RANConfig(), "synthesizer": SynthesizerConfig()})
     spec.shared = cls.build_shared(spec) if hasattr(cls, "build_shared") else None
     torch.manual_seed(0)
     return build_attention(name, spec).eval()

@@ -8,11 +8,15 @@ import torch
 from conftest import random_batch, tiny_model
 from ranmt.model import count_parameters
 
+ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r"]
 
-@pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "none"])
-def test_incremental_logits_equal_full_forward(norm, positions):
-    model, _ = tiny_model(**{"model.norm": norm, "model.positions": positions})
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("norm,positions", [("pre", "sinusoidal"), ("post", "learned"),
+                                            ("pre", "none")])
+def test_incremental_logits_equal_full_forward(arch, norm, positions):
+    model, _ = tiny_model(**{"model.arch": arch, "model.norm": norm,
+                             "model.positions": positions})
     src, tgt = random_batch()
     full = model(src, tgt)  # (B, T, V)
     memory, pad_mask, _ = model.encode(src)
@@ -22,15 +26,17 @@ def test_incremental_logits_equal_full_forward(norm, positions):
                                atol=1e-5, rtol=1e-5)
 
 
-def test_source_padding_does_not_change_outputs():
-    model, _ = tiny_model()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_source_padding_does_not_change_outputs(arch):
+    model, _ = tiny_model(**{"model.arch": arch})
     src, tgt = random_batch(batch=1, pad_rows=False)
     padded = torch.cat([src, torch.zeros(1, 4, dtype=torch.long)], dim=1)
     torch.testing.assert_close(model(src, tgt), model(padded, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_future_tokens_do_not_change_past_logits():
-    model, _ = tiny_model()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_future_tokens_do_not_change_past_logits(arch):
+    model, _ = tiny_model(**{"model.arch": arch})
     src, tgt = random_batch()
     changed = tgt.clone()
     changed[:, -1] = (changed[:, -1] + 1) % 40

@@ -11,9 +11,13 @@ from typing import Any
 
 from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, reorder_cache
 from ranmt.attention.dot_product import DotProductAttention
+from ranmt.attention.ran import RecurrentAttention
+from ranmt.attention.synthesizer import RandomSynthesizerAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     "dot": DotProductAttention,
+    "ran": RecurrentAttention,
+    "synthesizer": RandomSynthesizerAttention,
 }
 
 ROLES = ("encoder_self", "decoder_self", "cross")

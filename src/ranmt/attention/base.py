@@ -22,7 +22,7 @@ the variant is:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,6 +55,8 @@ class AttentionSpec:
     num_layers: int
     shared: Any = None
     """Stack-wide module shared by all layers of one stack (from ``build_shared``)."""
+    options: dict = field(default_factory=dict)
+    """Variant option sections of the model config (e.g. ``options["ran"]``)."""
 
 
 class Attention(nn.Module):

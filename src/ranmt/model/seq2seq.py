@@ -168,7 +168,8 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
     def spec(role: str, index: int, layers: int, shared: Any) -> AttentionSpec:
         return AttentionSpec(d_model=d, heads=cfg.heads, dropout=cfg.attention_dropout,
                              max_positions=cfg.max_positions, role=role, layer_index=index,
-                             num_layers=layers, shared=shared)
+                             num_layers=layers, shared=shared,
+                             options={"ran": cfg.ran, "synthesizer": cfg.synthesizer})
 
     def ffn() -> FeedForward:
         return FeedForward(d, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
@@ -216,17 +217,29 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Trainable parameter counts: total and per top-level component (shared counted once)."""
-    seen: set[int] = set()
+    """Trainable parameter counts: ``total`` and per component (shared tensors counted once).
+
+    Components: ``embeddings`` (token embeddings and untied output), ``encoder.self_attention``,
+    ``decoder.self_attention``, ``decoder.cross_attention``, ``encoder.ffn``, ``decoder.ffn``,
+    ``encoder.other`` / ``decoder.other`` (layer norms, learned positions). A stack-wide
+    module shared by the layers (RAN's A_0 and transition) counts once, under its stack.
+    """
     counts: dict[str, int] = {}
-    for name, param in model.named_parameters():
-        if id(param) in seen or not param.requires_grad:
+    for name, param in model.named_parameters():  # yields each shared tensor once
+        if not param.requires_grad:
             continue
-        seen.add(id(param))
-        parts = name.split(".")
-        component = ".".join(parts[:2]) if parts[0] in ("encoder", "decoder") else parts[0]
-        if len(parts) > 2 and parts[1] == "layers":
-            component = f"{parts[0]}.layers"
+        stack = name.split(".")[0]
+        if ".tokens." in name or stack == "output" or name.startswith("decoder.output"):
+            component = "embeddings"
+        elif ".cross_attention." in name:
+            component = "decoder.cross_attention"
+        elif ".self_attention." in name:
+            component = f"{stack}.self_attention"
+        elif ".ffn." in name:
+            component = f"{stack}.ffn"
+        else:
+            component = f"{stack}.other"
         counts[component] = counts.get(component, 0) + param.numel()
-    counts["total"] = sum(v for k, v in counts.items())
-    return counts
+    ordered = dict(sorted(counts.items()))
+    ordered["total"] = sum(counts.values())
+    return ordered

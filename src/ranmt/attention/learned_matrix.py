@@ -1,0 +1,137 @@
+"""Shared machinery of input-agnostic attention: weights from a learned N x N matrix per head.
+
+Used by RAN (``ran.py``) and the Random Synthesizer (``synthesizer.py``). There is no query or
+key projection: layer l's pre-softmax weights are ``M_l[:, :T, :S]`` (H, T, S) for a
+matrix ``M_l`` (H, N, N) that does not depend on the input. Padded keys (and, in the
+decoder, keys above the diagonal) get ``-inf`` before the softmax over keys; then
+attention dropout, the weighted sum of projected values ``x W_v``, and the output
+projection ``W_o``.
+
+Inference ("retrieved directly without recomputation", paper 000 Sec. 2.2): when the module
+is in eval mode and no gradient is recorded, the per-layer matrices come from a cache that
+is recomputed only when a parameter changed (tracked by tensor version counters), and the
+decoder's causal softmax is cached too. Incremental decoding keeps only the values
+(``cache["v"]``, (B, H, t, d_h)) and reads row t of the cached, softmaxed matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, build_mask, merge_heads
+from ranmt.attention.base import split_heads as _split
+
+
+def xavier_per_head_(matrix: Tensor) -> Tensor:
+    """Xavier-uniform init of each (N, N) head matrix of an (H, N, N) tensor."""
+    with torch.no_grad():
+        for head in matrix:
+            nn.init.xavier_uniform_(head)
+    return matrix
+
+
+class VersionedCache:
+    """Caches ``compute()`` until one of ``params`` is modified, moved or replaced."""
+
+    def __init__(self):
+        self.key = None
+        self.value = None
+
+    def get(self, params: list[Tensor], compute: Callable[[], object]):
+        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
+        if key != self.key:
+            with torch.no_grad():
+                self.value = compute()
+            self.key = key
+        return self.value
+
+
+def causal_softmax(matrix: Tensor) -> Tensor:
+    """Row-wise softmax of the lower triangle of (H, N, N); zeros above the diagonal."""
+    size = matrix.shape[-1]
+    upper = torch.ones(size, size, dtype=torch.bool, device=matrix.device).triu(1)
+    return torch.softmax(matrix.float().masked_fill(upper, float("-inf")), dim=-1)
+
+
+class LearnedMatrixAttention(Attention):
+    """Base class: subclasses provide the layer's matrix for training and for inference."""
+
+    roles = ("encoder_self", "decoder_self")
+
+    def __init__(self, spec: AttentionSpec, dropout: float):
+        super().__init__()
+        self.heads = spec.heads
+        self.max_positions = spec.max_positions
+        self.layer_index = spec.layer_index
+        self.dropout = dropout
+        self.value_proj = nn.Linear(spec.d_model, spec.d_model)
+        self.out_proj = nn.Linear(spec.d_model, spec.d_model)
+        for proj in (self.value_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    # ---- to implement
+    def layer_matrix(self, state, rows: int) -> tuple[Tensor, object]:
+        """Training path: (pre-softmax rows :rows of M_l (H, rows, N), state for next layer)."""
+        raise NotImplementedError
+
+    def inference_matrix(self) -> Tensor:
+        """Cached M_l (H, N, N) for inference."""
+        raise NotImplementedError
+
+    def inference_causal_probs(self) -> Tensor:
+        """Cached causal softmax of M_l (H, N, N)."""
+        raise NotImplementedError
+
+    # ---- shared forward
+    def _use_cache(self) -> bool:
+        return not self.training and not torch.is_grad_enabled()
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_positions:
+            raise ValueError(f"sequence of {length} positions exceeds the learned "
+                             f"{self.max_positions}x{self.max_positions} attention matrices "
+                             f"(model.max_positions={self.max_positions})")
+
+    def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
+                cache=None, need_weights=False) -> AttnOutput:
+        values = _split(self.value_proj(memory), self.heads)  # (B, H, S, d_h)
+        if cache is not None:
+            return self._incremental(values, cache, need_weights)
+        q_len, k_len = query.shape[1], memory.shape[1]
+        self._check_length(max(q_len, k_len))
+        if causal and key_padding_mask is None and self._use_cache():
+            weights = self.inference_causal_probs()[:, :q_len, :k_len].to(values.dtype)[None]
+            next_state = None
+        else:
+            if self._use_cache():
+                matrix, next_state = self.inference_matrix()[:, :q_len], None
+            else:
+                matrix, next_state = self.layer_matrix(state, q_len)  # (H, T, N)
+            scores = matrix[None, :, :q_len, :k_len].float()  # (1, H, T, S)
+            allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
+        dropped = F.dropout(weights, self.dropout, self.training)
+        context = dropped @ values  # (B, H, T, d_h)
+        out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
+        return AttnOutput(self.out_proj(merge_heads(context)), out_weights, next_state)
+
+    def _incremental(self, values: Tensor, cache: dict, need_weights: bool) -> AttnOutput:
+        """One decoder step: values (B, H, 1, d_h) of position t = cache["step"]."""
+        step = cache["step"]
+        self._check_length(step + 1)
+        if "v" in cache:
+            values = torch.cat([cache["v"], values], dim=2)
+        cache["v"] = values  # (B, H, t+1, d_h): the cache holds values only
+        probs = self.inference_causal_probs()[:, step, : step + 1].to(values.dtype)  # (H, t+1)
+        context = torch.einsum("hs,bhsd->bhd", probs, values)[:, :, None]  # (B, H, 1, d_h)
+        weights = None
+        if need_weights:
+            weights = probs[None, :, None].expand(values.shape[0], -1, -1, -1)
+        return AttnOutput(self.out_proj(merge_heads(context)), weights, None)

@@ -1,0 +1,117 @@
+"""Recurrent Attention (RAN): Zeng et al., EMNLP 2021 (paper 000), Sec. 2.2-2.3, Eq. 2-4.
+
+Per stack (encoder or decoder), shared by all its layers and heads (:class:`RANShared`):
+
+* Initial Attention Matrices ``A_0`` (H, N, N), xavier-uniform per head, trainable unless
+  ``ran.fixed_initial`` (Table 3 ablation);
+* the Recurrent Transition Module, acting on the key dimension of every row:
+
+  - ``paper`` (Eq. 3-4):    ``A_l = LN(tanh(A_{l-1} W^T + b)) + A_{l-1}``
+  - ``no_ln_res`` (Table 3): ``A_l = tanh(A_{l-1} W^T + b)``
+  - ``released_code``:       ``A_l = A_{l-1} + W_2 relu(W_1 A_{l-1} + b_1) + b_2``
+    (N -> ``ran.released_hidden`` -> N, no LayerNorm; the default transition of the
+    authors' released code, which differs from Eq. 3).
+
+Layer l attends with ``softmax(A_l[:, :T, :S])`` (Eq. 2) over values ``x W_v``; the decoder
+uses the lower triangle only. ``A_l`` travels up the stack as the attention's ``state``.
+Because the transition is row-wise, a layer only needs rows ``:T`` of ``A_{l-1}``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ranmt.attention.base import AttentionSpec
+from ranmt.attention.learned_matrix import (
+    LearnedMatrixAttention,
+    VersionedCache,
+    causal_softmax,
+    xavier_per_head_,
+)
+
+TRANSITIONS = ("paper", "no_ln_res", "released_code")
+
+
+class RANShared(nn.Module):
+    """A_0 and the Recurrent Transition Module of one stack; caches A_1..A_L for inference."""
+
+    def __init__(self, heads: int, size: int, layers: int, transition: str = "paper",
+                 fixed_initial: bool = False, released_hidden: int = 1024):
+        super().__init__()
+        if transition not in TRANSITIONS:
+            raise ValueError(f"ran.transition '{transition}' unknown; choose from {TRANSITIONS}")
+        self.kind = transition
+        self.layers = layers
+        self.initial_attention = nn.Parameter(xavier_per_head_(torch.empty(heads, size, size)),
+                                              requires_grad=not fixed_initial)
+        if transition == "released_code":
+            self.transition_in = nn.Linear(size, released_hidden)
+            self.transition_out = nn.Linear(released_hidden, size)
+            modules = (self.transition_in, self.transition_out)
+        else:
+            self.transition = nn.Linear(size, size)
+            modules = (self.transition,)
+            if transition == "paper":
+                self.norm = nn.LayerNorm(size)
+        for module in modules:
+            nn.init.xavier_uniform_(module.weight)
+            nn.init.zeros_(module.bias)
+        self._matrices = VersionedCache()
+        self._causal = VersionedCache()
+
+    def step(self, previous: Tensor) -> Tensor:
+        """One application of the transition: A_{l-1} (H, R, N) -> A_l (H, R, N)."""
+        if self.kind == "paper":
+            return self.norm(torch.tanh(self.transition(previous))) + previous  # Eq. 3-4
+        if self.kind == "no_ln_res":
+            return torch.tanh(self.transition(previous))
+        return previous + self.transition_out(torch.relu(self.transition_in(previous)))
+
+    def _all_layers(self) -> list[Tensor]:
+        matrices, current = [], self.initial_attention
+        for _ in range(self.layers):
+            current = self.step(current)
+            matrices.append(current)
+        return matrices
+
+    def matrices(self) -> list[Tensor]:
+        """[A_1, ..., A_L] (each (H, N, N)), recomputed only when parameters change."""
+        return self._matrices.get(list(self.parameters()), self._all_layers)
+
+    def causal_probs(self) -> list[Tensor]:
+        """Causal softmax of each A_l, cached likewise."""
+        return self._causal.get(list(self.parameters()),
+                                lambda: [causal_softmax(m) for m in self.matrices()])
+
+
+class RecurrentAttention(LearnedMatrixAttention):
+    """One layer's RAN self-attention: no W_q / W_k; the matrix comes from the shared module."""
+
+    def __init__(self, spec: AttentionSpec):
+        options = spec.options["ran"]
+        super().__init__(spec, options.attention_dropout)
+        if spec.shared is None:
+            raise ValueError("RAN needs the stack's shared module (built by build_shared)")
+        self.shared = spec.shared
+
+    @staticmethod
+    def build_shared(spec: AttentionSpec) -> RANShared:
+        options = spec.options["ran"]
+        return RANShared(spec.heads, spec.max_positions, spec.num_layers, options.transition,
+                         options.fixed_initial, options.released_hidden)
+
+    def initial_state(self) -> Tensor:
+        return self.shared.initial_attention  # A_0 (H, N, N)
+
+    def layer_matrix(self, state, rows):
+        if state is None:
+            raise ValueError("RAN layer received no A_{l-1}; pass the previous layer's state")
+        current = self.shared.step(state[:, :rows])  # (H, T, N)
+        return current, current
+
+    def inference_matrix(self):
+        return self.shared.matrices()[self.layer_index]
+
+    def inference_causal_probs(self):
+        return self.shared.causal_probs()[self.layer_index]

@@ -1,0 +1,38 @@
+"""Random Synthesizer (Syn-R; Tay et al., 2020), as described in paper 000 Sec. 3.
+
+One matrix ``R_l`` (H, N, N) **per layer** (H x L matrices in all), xavier-uniform per head,
+trainable unless ``synthesizer.fixed``; attention = ``softmax(R_l[:, :T, :S])`` with the same
+masking as RAN; no recurrence, no W_q / W_k.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ranmt.attention.base import AttentionSpec
+from ranmt.attention.learned_matrix import (
+    LearnedMatrixAttention,
+    VersionedCache,
+    causal_softmax,
+    xavier_per_head_,
+)
+
+
+class RandomSynthesizerAttention(LearnedMatrixAttention):
+    def __init__(self, spec: AttentionSpec):
+        options = spec.options["synthesizer"]
+        super().__init__(spec, options.attention_dropout)
+        size = spec.max_positions
+        self.matrix = nn.Parameter(xavier_per_head_(torch.empty(spec.heads, size, size)),
+                                   requires_grad=not options.fixed)
+        self._causal = VersionedCache()
+
+    def layer_matrix(self, state, rows):
+        return self.matrix[:, :rows], None
+
+    def inference_matrix(self):
+        return self.matrix
+
+    def inference_causal_probs(self):
+        return self._causal.get([self.matrix], lambda: causal_softmax(self.matrix))

@@ -22,7 +22,7 @@ def test_max_lengths():
     assert max_lengths(src, 1.5, 2, 8).tolist() == [8, 6]
 
 
-@pytest.mark.parametrize("arch", ["transf", "ran-all", "syn-r"])
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "syn-r", "hc-all", "sh-x"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_beam_one_equals_greedy(seed, arch):
     model, _ = tiny_model(seed=seed, **{"model.arch": arch})

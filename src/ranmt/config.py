@@ -41,7 +41,8 @@ class EncoderConfig:
     layers: int = 6
     """Number of encoder layers."""
     self_attention: str = "dot"
-    """Registry name of the encoder self-attention (see ``ranmt.attention``)."""
+    """Registry name of the encoder self-attention (see ``ranmt.attention``; "none" removes
+    the sublayer, the -SA ablation)."""
     positions: str = ""
     """Position embedding of the encoder: sinusoidal | learned | none; empty = model.positions."""
 
@@ -53,7 +54,11 @@ class DecoderConfig:
     self_attention: str = "dot"
     """Registry name of the decoder self-attention."""
     cross_attention: str = "dot"
-    """Registry name of the encoder-decoder (cross) attention."""
+    """Registry name of the encoder-decoder (cross) attention ("none" removes it)."""
+    cross_attention_layers: str = "all"
+    """Decoder layers with cross-attention: all | last (SH-X)."""
+    cross_attention_heads: int = 0
+    """Heads of the cross-attention (0 = model.heads; SH-X uses 1)."""
     positions: str = ""
     """Position embedding of the decoder: sinusoidal | learned | none; empty = model.positions."""
 
@@ -83,6 +88,18 @@ class SynthesizerConfig:
 
 
 @dataclass
+class HardcodedConfig:
+    """Hard-coded Gaussian attention options (paper 004)."""
+
+    sigma: float = 1.0
+    """Standard deviation of the Gaussians."""
+    implementation: str = "gaussian"
+    """gaussian (cut-off pdf) | conv (window 3, kernel [0.242, 0.399, 0.242]) | index."""
+    gamma: float = 0.0
+    """Source/target length ratio for hard-coded cross-attention (0 = take it from the data)."""
+
+
+@dataclass
 class ModelConfig:
     preset: str = "base"
     """Size preset applied before other values: tiny | small | base."""
@@ -97,6 +114,7 @@ class ModelConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     ran: RANConfig = field(default_factory=RANConfig)
+    hardcoded: HardcodedConfig = field(default_factory=HardcodedConfig)
     synthesizer: SynthesizerConfig = field(default_factory=SynthesizerConfig)
     dropout: float = 0.1
     """Residual and embedding dropout."""
@@ -114,6 +132,8 @@ class ModelConfig:
     """Share source and target embeddings (needs a joint vocabulary; ignored otherwise)."""
     tie_output: bool = True
     """Tie the decoder output projection to the target embedding."""
+    ffn: bool = True
+    """Feed-forward sublayers (false = the -FF ablation of paper 004)."""
     activation: str = "relu"
     """Feed-forward activation: relu | gelu."""
     src_vocab_size: int = 0
@@ -242,11 +262,14 @@ def _arch_transf(m: ModelConfig) -> None:
     m.decoder.cross_attention = "dot"
 
 
-def _arch(encoder_self: str, decoder_self: str, cross: str = "dot"):
+def _arch(encoder_self: str, decoder_self: str, cross: str = "dot", cross_layers: str = "all",
+          cross_heads: int = 0):
     def apply(m: ModelConfig) -> None:
         m.encoder.self_attention = encoder_self
         m.decoder.self_attention = decoder_self
         m.decoder.cross_attention = cross
+        m.decoder.cross_attention_layers = cross_layers
+        m.decoder.cross_attention_heads = cross_heads
 
     return apply
 
@@ -256,6 +279,9 @@ ARCH_PRESETS = {
     "ran-e": _arch("ran", "dot"),
     "ran-d": _arch("dot", "ran"),
     "ran-all": _arch("ran", "ran"),
+    "hc-sa": _arch("gaussian", "gaussian"),
+    "hc-all": _arch("gaussian", "gaussian", "gaussian"),
+    "sh-x": _arch("gaussian", "gaussian", "dot", "last", 1),
     "syn-r": _arch("synthesizer", "synthesizer"),
 }
 """Architecture presets: name -> function setting the attention of each component."""
@@ -394,8 +420,14 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     if m.preset not in MODEL_PRESETS:
         raise ConfigError(f"model.preset '{m.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
-    if m.arch not in ARCH_PRESETS:
-        raise ConfigError(f"model.arch '{m.arch}' unknown; choose from {sorted(ARCH_PRESETS)}")
+    apply_arch(ModelConfig(), m.arch)  # raises on an unknown name
+    if m.decoder.cross_attention_layers not in ("all", "last"):
+        raise ConfigError("model.decoder.cross_attention_layers must be all or last")
+    if m.hardcoded.implementation not in ("gaussian", "conv", "index"):
+        raise ConfigError("model.hardcoded.implementation must be gaussian, conv or index")
+    cross_heads = m.decoder.cross_attention_heads or m.heads
+    if cross_heads < 0 or m.d_model % cross_heads:
+        raise ConfigError("model.decoder.cross_attention_heads must divide model.d_model")
     if m.d_model <= 0 or m.heads <= 0 or m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be a positive multiple of model.heads")
     if m.norm not in ("pre", "post"):
@@ -487,7 +519,7 @@ def load_config(path: str | Path | None = None,
             set_value(cfg, key, value)
     validate_presets(cfg)
     MODEL_PRESETS[cfg.model.preset](cfg.model)
-    ARCH_PRESETS[cfg.model.arch](cfg.model)
+    apply_arch(cfg.model, cfg.model.arch)
     for source in (file_values, cli_values):
         for key, value in source.items():
             if key not in ("model.preset", "model.arch"):
@@ -496,13 +528,29 @@ def load_config(path: str | Path | None = None,
     return cfg
 
 
+def apply_arch(m: ModelConfig, name: str) -> None:
+    """Apply architecture ``name``: a preset, optionally followed by ``-sa`` (no
+    self-attention sublayers) and/or ``-ff`` (no feed-forward sublayers), e.g. ``transf-sa``,
+    ``sh-x-sa``, ``hc-sa-ff`` (paper 004 Table 3, Fig. 3)."""
+    base, ablations = name, []
+    while base not in ARCH_PRESETS and base.endswith(("-sa", "-ff")):
+        ablations.append(base[-2:])
+        base = base[:-3]
+    if base not in ARCH_PRESETS:
+        raise ConfigError(f"model.arch '{name}' unknown; choose from {sorted(ARCH_PRESETS)}, "
+                          "optionally with -sa / -ff suffixes")
+    ARCH_PRESETS[base](m)
+    if "sa" in ablations:
+        m.encoder.self_attention = m.decoder.self_attention = "none"
+    if "ff" in ablations:
+        m.ffn = False
+
+
 def validate_presets(cfg: Config) -> None:
     if cfg.model.preset not in MODEL_PRESETS:
         raise ConfigError(
             f"model.preset '{cfg.model.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
-    if cfg.model.arch not in ARCH_PRESETS:
-        raise ConfigError(
-            f"model.arch '{cfg.model.arch}' unknown; choose from {sorted(ARCH_PRESETS)}")
+    apply_arch(ModelConfig(), cfg.model.arch)  # raises on an unknown name
 
 
 def save_yaml(cfg: Config, path: str | Path) -> None:

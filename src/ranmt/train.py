@@ -168,6 +168,8 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     cfg.model.src_vocab_size = meta["src_vocab_size"]
     cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
     cfg.model.joint_vocab = bool(meta["joint_vocab"])
+    if cfg.model.hardcoded.gamma <= 0:
+        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab_files = {"src": data_dir / "spm.src.model", "tgt": data_dir / "spm.tgt.model"}
 

@@ -8,7 +8,8 @@ import torch
 from conftest import random_batch, tiny_model
 from ranmt.model import count_parameters
 
-ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r"]
+ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r", "hc-sa", "hc-all", "sh-x", "transf-sa",
+         "hc-sa-ff"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -11,12 +11,14 @@ from typing import Any
 
 from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, reorder_cache
 from ranmt.attention.dot_product import DotProductAttention
+from ranmt.attention.gaussian import GaussianAttention
 from ranmt.attention.ran import RecurrentAttention
 from ranmt.attention.synthesizer import RandomSynthesizerAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     "dot": DotProductAttention,
     "ran": RecurrentAttention,
+    "gaussian": GaussianAttention,
     "synthesizer": RandomSynthesizerAttention,
 }
 
@@ -24,6 +26,7 @@ ROLES = ("encoder_self", "decoder_self", "cross")
 
 
 def check_name(name: str, role: str) -> type[Attention]:
+    """The class registered as ``name`` (error if unknown or not usable for ``role``)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown attention '{name}' for {role}; registered: {sorted(REGISTRY)}")
     cls = REGISTRY[name]

@@ -129,8 +129,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attention = self_attention
         self.ffn = ffn
-        self.attn_sub = Sublayer(d_model, dropout, pre_norm) if self_attention else None
-        self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn else None
+        self.attn_sub = Sublayer(d_model, dropout, pre_norm) if self_attention is not None else None
+        self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn is not None else None
 
     def forward(self, x: Tensor, pad_mask: Tensor, state: Any = None,
                 need_weights: bool = False) -> tuple[Tensor, Any, Tensor | None]:
@@ -156,9 +156,12 @@ class DecoderLayer(nn.Module):
         self.self_attention = self_attention
         self.cross_attention = cross_attention
         self.ffn = ffn
-        self.self_sub = Sublayer(d_model, dropout, pre_norm) if self_attention else None
-        self.cross_sub = Sublayer(d_model, dropout, pre_norm) if cross_attention else None
-        self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn else None
+        def sublayer(part):
+            return Sublayer(d_model, dropout, pre_norm) if part is not None else None
+
+        self.self_sub = sublayer(self_attention)
+        self.cross_sub = sublayer(cross_attention)
+        self.ffn_sub = sublayer(ffn)
 
     def forward(self, x: Tensor, memory: Tensor, src_pad_mask: Tensor, self_state: Any = None,
                 cross_state: Any = None, cache: dict | None = None, need_weights: bool = False):

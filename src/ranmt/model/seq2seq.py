@@ -165,37 +165,44 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
     share = cfg.share_embeddings and cfg.joint_vocab and cfg.src_vocab_size == cfg.tgt_vocab_size
     tgt_tokens = src_tokens if share else embedding(cfg.tgt_vocab_size)
 
-    def spec(role: str, index: int, layers: int, shared: Any) -> AttentionSpec:
-        return AttentionSpec(d_model=d, heads=cfg.heads, dropout=cfg.attention_dropout,
-                             max_positions=cfg.max_positions, role=role, layer_index=index,
-                             num_layers=layers, shared=shared,
-                             options={"ran": cfg.ran, "synthesizer": cfg.synthesizer})
+    options = {"ran": cfg.ran, "synthesizer": cfg.synthesizer, "hardcoded": cfg.hardcoded}
 
-    def ffn() -> FeedForward:
+    def spec(role: str, index: int, layers: int, shared: Any, heads: int = 0) -> AttentionSpec:
+        return AttentionSpec(d_model=d, heads=heads or cfg.heads,
+                             dropout=cfg.attention_dropout, max_positions=cfg.max_positions,
+                             role=role, layer_index=index, num_layers=layers, shared=shared,
+                             options=options)
+
+    def attention_stack(name: str, role: str, layers: int, present, heads: int = 0) -> list:
+        """One attention module per layer (None where the layer has none)."""
+        if name == "none":
+            return [None] * layers
+        shared = build_shared(name, role, spec(role, 0, layers, None, heads))
+        return [build_attention(name, spec(role, i, layers, shared, heads)) if present(i)
+                else None for i in range(layers)]
+
+    def ffn() -> FeedForward | None:
+        if not cfg.ffn:
+            return None
         return FeedForward(d, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
 
-    enc_layers = cfg.encoder.layers
-    enc_shared = build_shared(cfg.encoder.self_attention, "encoder_self",
-                              spec("encoder_self", 0, enc_layers, None))
+    enc_layers, dec_layers = cfg.encoder.layers, cfg.decoder.layers
     encoder_layers = [
-        EncoderLayer(build_attention(cfg.encoder.self_attention,
-                                     spec("encoder_self", i, enc_layers, enc_shared)),
-                     ffn(), d, cfg.dropout, pre_norm)
-        for i in range(enc_layers)
+        EncoderLayer(attention, ffn(), d, cfg.dropout, pre_norm)
+        for attention in attention_stack(cfg.encoder.self_attention, "encoder_self", enc_layers,
+                                         lambda i: True)
     ]
-    dec_layers = cfg.decoder.layers
-    self_shared = build_shared(cfg.decoder.self_attention, "decoder_self",
-                               spec("decoder_self", 0, dec_layers, None))
-    cross_shared = build_shared(cfg.decoder.cross_attention, "cross",
-                                spec("cross", 0, dec_layers, None))
+    if cfg.decoder.cross_attention_layers == "last":
+        has_cross = lambda i: i == dec_layers - 1  # noqa: E731  (SH-X)
+    else:
+        has_cross = lambda i: True  # noqa: E731
     decoder_layers = [
-        DecoderLayer(
-            build_attention(cfg.decoder.self_attention,
-                            spec("decoder_self", i, dec_layers, self_shared)),
-            build_attention(cfg.decoder.cross_attention, spec("cross", i, dec_layers,
-                                                              cross_shared)),
-            ffn(), d, cfg.dropout, pre_norm)
-        for i in range(dec_layers)
+        DecoderLayer(self_attention, cross_attention, ffn(), d, cfg.dropout, pre_norm)
+        for self_attention, cross_attention in zip(
+            attention_stack(cfg.decoder.self_attention, "decoder_self", dec_layers,
+                            lambda i: True),
+            attention_stack(cfg.decoder.cross_attention, "cross", dec_layers, has_cross,
+                            cfg.decoder.cross_attention_heads))
     ]
 
     def final_norm() -> nn.Module:

@@ -1,0 +1,123 @@
+"""Hard-coded Gaussian attention: You et al., ACL 2020 (paper 004), Sec. 3 and 6.3, Eq. 2.
+
+No W_q / W_k: head h of query position i puts weight ``phi((j - f_h(i)) / sigma) / sigma`` on
+key j (phi the standard normal pdf, sigma = 1), cut off at the sentence borders and
+**not renormalised** (footnote 5); padded and future keys get exactly 0. The weighted sum
+of values ``x W_v`` goes through the output projection ``W_o``.
+
+Head centres f_h(i) cycle over the heads:
+
+* encoder self-attention (HC-SA): i - 1, i + 1;
+* decoder self-attention (HC-SA): i - 1, i;
+* cross-attention (HC-ALL, Sec. 3.2): floor(gamma i - 1), floor(gamma i), floor(gamma i + 1),
+  gamma = mean source length / mean target length of the training data (``meta.json``).
+
+Implementations (Table 5, ``hardcoded.implementation``): ``gaussian`` (the full, cut-off
+pdf), ``conv`` (a window of 3 around the centre with kernel [0.242, 0.399, 0.242]) and
+``index`` (weight 1 on the centre key only: each head copies one neighbour's value).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ranmt.attention.base import (
+    Attention,
+    AttentionSpec,
+    AttnOutput,
+    build_mask,
+    merge_heads,
+    split_heads,
+)
+
+IMPLEMENTATIONS = ("gaussian", "conv", "index")
+CONV_KERNEL = (0.242, 0.399, 0.242)
+
+
+def head_centres(role: str, heads: int, positions: Tensor, gamma: float) -> Tensor:
+    """(H, T) float centres f_h(i) of query positions ``positions`` (T,)."""
+    i = positions.float()
+    if role == "encoder_self":
+        options = [i - 1, i + 1]
+    elif role == "decoder_self":
+        options = [i - 1, i]
+    else:
+        options = [torch.floor(gamma * i - 1), torch.floor(gamma * i), torch.floor(gamma * i + 1)]
+    return torch.stack([options[h % len(options)] for h in range(heads)])
+
+
+def hard_coded_weights(centres: Tensor, key_len: int, sigma: float, implementation: str
+                       ) -> Tensor:
+    """(H, T, S) unmasked weights of keys 0..S-1 for centres (H, T)."""
+    keys = torch.arange(key_len, device=centres.device, dtype=torch.float32)
+    distance = keys[None, None, :] - centres[:, :, None]  # (H, T, S)
+    if implementation == "gaussian":
+        return torch.exp(-0.5 * (distance / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+    if implementation == "conv":
+        weights = torch.zeros_like(distance)
+        for offset, value in zip((-1, 0, 1), CONV_KERNEL):
+            weights = torch.where(distance == offset, torch.full_like(distance, value), weights)
+        return weights
+    if implementation == "index":
+        return (distance == 0).float()
+    raise ValueError(f"hardcoded.implementation '{implementation}' unknown; "
+                     f"choose from {IMPLEMENTATIONS}")
+
+
+class GaussianAttention(Attention):
+    """Hard-coded attention for any component (self- or cross-attention)."""
+
+    normalized = False  # rows deliberately do not sum to 1 (cut off, not renormalised)
+
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        options = spec.options["hardcoded"]
+        if options.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"hardcoded.implementation '{options.implementation}' unknown; "
+                             f"choose from {IMPLEMENTATIONS}")
+        self.role = spec.role
+        self.heads = spec.heads
+        self.sigma = options.sigma
+        self.implementation = options.implementation
+        self.gamma = options.gamma if options.gamma > 0 else 1.0  # 0: not set from data
+        self.value_proj = nn.Linear(spec.d_model, spec.d_model)
+        self.out_proj = nn.Linear(spec.d_model, spec.d_model)
+        for proj in (self.value_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def weights_for(self, q_offset: int, q_len: int, k_len: int,
+                    key_padding_mask: Tensor | None, causal: bool, device) -> Tensor:
+        """(B|1, H, T, S) weights with masked keys at exactly 0."""
+        positions = torch.arange(q_offset, q_offset + q_len, device=device)
+        centres = head_centres(self.role, self.heads, positions, self.gamma)
+        weights = hard_coded_weights(centres, k_len, self.sigma, self.implementation)[None]
+        allowed = build_mask(key_padding_mask, causal, q_len, k_len, q_offset, device)
+        if allowed is not None:
+            weights = weights * allowed
+        return weights
+
+    def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
+                cache=None, need_weights=False) -> AttnOutput:
+        q_offset = 0
+        if cache is not None and self.role == "cross":
+            if "v" not in cache:
+                cache["v"] = split_heads(self.value_proj(memory), self.heads)
+            values = cache["v"]
+            q_offset = cache["step"]
+        elif cache is not None:
+            values = split_heads(self.value_proj(memory), self.heads)
+            if "v" in cache:
+                values = torch.cat([cache["v"], values], dim=2)
+            cache["v"] = values  # value-only cache
+            q_offset = cache["step"]
+        else:
+            values = split_heads(self.value_proj(memory), self.heads)  # (B, H, S, d_h)
+        weights = self.weights_for(q_offset, query.shape[1], values.shape[2], key_padding_mask,
+                                   causal, query.device).to(values.dtype)
+        context = weights @ values  # (B, H, T, d_h)
+        out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
+        return AttnOutput(self.out_proj(merge_heads(context)), out_weights, state)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint {path} does not exist")
     if (path / "checkpoint.json").is_file():
         return path
-    if (path / "best" / "checkpoint.json").is_file():
-        return path / "best"
-    steps = sorted((path / "checkpoints").glob("step_*/checkpoint.json"))
+    # best.old exists only if a kill hit the instant between two renames of save_checkpoint
+    for name in ("best", "best.old"):
+        if (path / name / "checkpoint.json").is_file():
+            return path / name
+    steps = sorted(p.parent for p in (path / "checkpoints").glob("step_*/checkpoint.json")
+                   if re.fullmatch(r"step_\d{8}", p.parent.name))
     if steps:
-        return steps[-1].parent
+        return steps[-1]
     raise CheckpointError(f"{path} holds no ranmt checkpoint (no checkpoint.json, best/ or "
                           "checkpoints/step_*)")
 

@@ -66,7 +66,7 @@ def _load_translator(args):
 
 
 def _cmd_translate(args) -> None:
-    from ranmt.data.text import read_lines, write_lines
+    from ranmt.data.text import decode_lines, read_lines, write_lines
 
     translator = _load_translator(args)
     if args.input:
@@ -76,7 +76,7 @@ def _cmd_translate(args) -> None:
             print(translator.translate([line.rstrip("\n")])[0], flush=True)
         return
     else:
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        lines = decode_lines(sys.stdin.buffer.read(), "<stdin>", args.errors)
     if args.nbest and args.nbest > 1:
         results = translator.translate_nbest(lines)
         out = [f"{i}\t{score:.4f}\t{text}" for i, hyps in enumerate(results)

@@ -199,6 +199,8 @@ class TrainConfig:
     """fp32 | bf16 | fp16 | auto (bf16 on CUDA when supported, else fp32)."""
     device: str = "auto"
     """cpu | cuda | cuda:N | auto."""
+    max_nonfinite: int = 10
+    """Stop after this many non-finite losses in a row (each one skips its update)."""
     threads: int = 0
     """CPU threads for torch (0 = leave torch's default)."""
     tensorboard: bool = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import signal
 import sys
@@ -142,6 +143,11 @@ def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Tran
         total_loss += float(loss)
         total_nll += float(nll)
         total_tokens += batch.target_tokens
+    limit = cfg.model.max_positions - 1
+    truncated = sum(1 for s, t in zip(valid.src, valid.tgt) if len(s) > limit or len(t) > limit)
+    if truncated:
+        tqdm.write(f"note: {truncated} validation pair(s) longer than {limit} subwords were "
+                   "truncated for the validation loss", file=sys.stderr)
     result = {"valid_loss": total_loss / total_tokens,
               "valid_nll": total_nll / total_tokens,
               "valid_ppl": math.exp(min(total_nll / total_tokens, 50))}
@@ -156,8 +162,10 @@ def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Tran
 
 
 def _latest_training_checkpoint(run_dir: Path) -> Path | None:
-    steps = sorted((run_dir / "checkpoints").glob("step_*/optimizer.safetensors"))
-    return steps[-1].parent if steps else None
+    """Newest complete step directory (a ``.tmp`` left by a kill mid-write is ignored)."""
+    steps = sorted(p.parent for p in (run_dir / "checkpoints").glob("step_*/checkpoint.json")
+                   if re.fullmatch(r"step_\d{8}", p.parent.name))
+    return steps[-1] if steps else None
 
 
 def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
@@ -286,6 +294,7 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
         return result
 
     batch_index = start_batch
+    nonfinite_in_a_row = 0
     with _StopSignal() as stop_signal:
         while stop_reason is None:
             if t.max_epochs and epoch >= t.max_epochs:
@@ -313,12 +322,19 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
                 batch_index += len(group)
                 if not math.isfinite(group_loss):
                     trainer_state["nonfinite_skipped"] += 1
+                    nonfinite_in_a_row += 1
                     log.line(f"step {step + 1}: non-finite loss, update skipped "
-                             f"({trainer_state['nonfinite_skipped']} so far)")
+                             f"({trainer_state['nonfinite_skipped']} so far, "
+                             f"{nonfinite_in_a_row} in a row)")
                     optimizer.zero_grad(set_to_none=True)
                     if scaler.is_enabled():
                         scaler.update()
+                    if nonfinite_in_a_row >= t.max_nonfinite:
+                        stop_reason = (f"{nonfinite_in_a_row} non-finite losses in a row "
+                                       "(train.max_nonfinite); lower train.lr or check the data")
+                        break
                     continue
+                nonfinite_in_a_row = 0
                 lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
                 for group_params in optimizer.param_groups:
                     group_params["lr"] = lr

@@ -99,8 +99,14 @@ class Translator:
                 src = pad_sources([ids[r] for r in rows]).to(self.device)
                 hyps = search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
                               d.max_len_b, d.nbest)
+                limit = self.config.model.max_positions - 1
                 for row, hyp in zip(rows, hyps):
                     results[row] = hyp
+                    wanted = int(d.max_len_a * len(ids[row]) + d.max_len_b)
+                    if wanted > limit and len(hyp[0][0]) >= limit:
+                        print(f"warning: output line {first_line + row} stopped at {limit} "
+                              f"subwords, the model's limit (model.max_positions="
+                              f"{limit + 1})", file=sys.stderr)
         return results
 
     def translate(self, sentences: list[str], first_line: int = 1) -> list[str]:

@@ -121,6 +121,22 @@ def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        meta = _prepare_into(tmp, src, tgt, train_src, train_tgt, valid, tests, vocab_size,
+                             joint, model_type, max_positions, errors, empty, log)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # leave no partial output behind
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    log(f"wrote {out} (gamma = {meta['gamma']:.4f})")
+    return meta
+
+
+def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab_size, joint,
+                  model_type, max_positions, errors, empty, log) -> dict:
+    """The body of :func:`prepare`, writing into the temporary directory ``tmp``."""
     if joint:
         train_sentencepiece(train_src + train_tgt, tmp / "spm.src.model", vocab_size, model_type)
         shutil.copyfile(tmp / "spm.src.model", tmp / "spm.tgt.model")
@@ -170,8 +186,4 @@ def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
     train_meta = meta["splits"]["train"]
     meta["gamma"] = train_meta["src_mean_len"] / max(train_meta["tgt_mean_len"], 1e-9)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
-    log(f"wrote {out} (gamma = {meta['gamma']:.4f})")
     return meta

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -57,8 +58,22 @@ def download_multi30k(pair: str, out: str | Path, source: str | Path | None = No
         raise DownloadError(f"pair '{pair}' not available; Multi30k task 1 has "
                             f"{', '.join(MULTI30K_LANGS)} (e.g. en-de, en-fr, en-cs)")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    dirs = _candidate_dirs(source)
+    staging = out / ".download.tmp"  # files move into OUT only when every one is complete
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        written = _download_all(langs, staging, _candidate_dirs(source), log)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    final = {}
+    for name, path in written.items():
+        final[name] = path.replace(out / name)
+    staging.rmdir()
+    return final
+
+
+def _download_all(langs, out: Path, dirs: list[Path], log) -> dict[str, Path]:
     written = {}
     for split, expected in MULTI30K_SPLITS.items():
         for lang in langs:

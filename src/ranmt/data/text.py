@@ -22,11 +22,18 @@ def read_lines(path: str | Path, errors: str = "strict") -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         data = handle.read()
+    return decode_lines(data, str(path), errors)
+
+
+def decode_lines(data: bytes, name: str, errors: str = "strict") -> list[str]:
+    """Split UTF-8 bytes into lines (BOM dropped, any line ending); ``name`` for errors."""
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be strict or replace, not '{errors}'")
     try:
         text = data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise TextError(f"{path}: invalid UTF-8 at byte {err.start} (line {line}); "
+        raise TextError(f"{name}: invalid UTF-8 at byte {err.start} (line {line}); "
                         "fix the file or pass --errors replace") from None
     if text.startswith("\ufeff"):
         text = text[1:]

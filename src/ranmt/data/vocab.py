@@ -11,6 +11,10 @@ import sentencepiece as spm
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
+class VocabError(ValueError):
+    """A vocabulary that cannot be built from the given text and options."""
+
+
 def train_sentencepiece(lines: Iterable[str], model_path: str | Path, vocab_size: int,
                         model_type: str = "bpe", seed_sentences: int = 2_000_000) -> None:
     """Train a SentencePiece model on ``lines`` and write it to ``model_path``.
@@ -20,19 +24,30 @@ def train_sentencepiece(lines: Iterable[str], model_path: str | Path, vocab_size
     """
     if model_type not in ("bpe", "unigram", "char", "word"):
         raise ValueError(f"unknown SentencePiece model type '{model_type}'")
+    sentences = [line for line in lines if line.strip()]
+    # Every character is kept (character_coverage=1.0), so each needs a piece of its own.
+    characters = {char for line in sentences for char in line if not char.isspace()} | {"\u2581"}
+    if vocab_size < len(characters) + 4:
+        raise VocabError(f"vocabulary size {vocab_size} is too small: the training text has "
+                         f"{len(characters)} distinct characters (plus 4 special pieces); "
+                         f"use --vocab-size {len(characters) + 4} or more")
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([line for line in lines if line.strip()]),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type=model_type,
-        character_coverage=1.0,
-        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        hard_vocab_limit=False,
-        input_sentence_size=seed_sentences,
-        shuffle_input_sentence=True,
-        minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+            hard_vocab_limit=False,
+            input_sentence_size=seed_sentences,
+            shuffle_input_sentence=True,
+            minloglevel=2,
+        )
+    except RuntimeError as err:  # e.g. text that is empty once normalised (control chars)
+        raise VocabError(f"SentencePiece cannot train a vocabulary on this text ({err}); check "
+                         "that the training files hold real text") from None
     Path(model_path).write_bytes(model.getvalue())
 
 

@@ -100,6 +100,20 @@ class HardcodedConfig:
 
 
 @dataclass
+class RecurrentCrossConfig:
+    """Recurrent cross-attention options (paper 001, Eq. 2-10)."""
+
+    expand_kv_variant: int = 1
+    """expand-kv: which extra key/value pair, Eq. 5 (1), 6 (2), 7 (3) or 8 (4)."""
+    smooth_window: int = 5
+    """smooth-energy (Eq. 9): window half-width k."""
+    smooth_lambda: float = 0.5
+    """smooth-energy (Eq. 9): weight lambda of the current energies (1 = plain attention)."""
+    coverage_lambda: float = 0.5
+    """coverage-subtract (Eq. 10): lambda (0 = plain attention)."""
+
+
+@dataclass
 class ModelConfig:
     preset: str = "base"
     """Size preset applied before other values: tiny | small | base."""
@@ -115,6 +129,7 @@ class ModelConfig:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     ran: RANConfig = field(default_factory=RANConfig)
     hardcoded: HardcodedConfig = field(default_factory=HardcodedConfig)
+    recurrent_cross: RecurrentCrossConfig = field(default_factory=RecurrentCrossConfig)
     synthesizer: SynthesizerConfig = field(default_factory=SynthesizerConfig)
     dropout: float = 0.1
     """Residual and embedding dropout."""
@@ -425,6 +440,12 @@ def validate(cfg: Config) -> None:
     apply_arch(ModelConfig(), m.arch)  # raises on an unknown name
     if m.decoder.cross_attention_layers not in ("all", "last"):
         raise ConfigError("model.decoder.cross_attention_layers must be all or last")
+    rc = m.recurrent_cross
+    if rc.expand_kv_variant not in (1, 2, 3, 4):
+        raise ConfigError("model.recurrent_cross.expand_kv_variant must be 1, 2, 3 or 4")
+    if rc.smooth_window < 0 or not 0.0 <= rc.smooth_lambda <= 1.0:
+        raise ConfigError("model.recurrent_cross.smooth_window must be >= 0 and smooth_lambda "
+                          "in [0, 1]")
     if m.hardcoded.implementation not in ("gaussian", "conv", "index"):
         raise ConfigError("model.hardcoded.implementation must be gaussian, conv or index")
     cross_heads = m.decoder.cross_attention_heads or m.heads

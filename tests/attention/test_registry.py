@@ -7,7 +7,7 @@ import torch
 
 from ranmt.attention import REGISTRY, AttentionSpec, build_attention, reorder_cache
 from ranmt.attention.base import build_mask
-from ranmt.config import HardcodedConfig, RANConfig, SynthesizerConfig
+from ranmt.config import HardcodedConfig, RANConfig, RecurrentCrossConfig, SynthesizerConfig
 
 D, H, N = 32, 4, 16
 
@@ -17,7 +17,8 @@ def make(name: str, role: str, dropout: float = 0.0):
     spec = AttentionSpec(d_model=D, heads=H, dropout=dropout, max_positions=N, role=role,
                          layer_index=0, num_layers=1,
                          options={"ran": RANConfig(), "synthesizer": SynthesizerConfig(),
-                                  "hardcoded": HardcodedConfig(gamma=1.3)})
+                                  "hardcoded": HardcodedConfig(gamma=1.3),
+                                  "recurrent_cross": RecurrentCrossConfig()})
     spec.shared = cls.build_shared(spec) if hasattr(cls, "build_shared") else None
     torch.manual_seed(0)
     return build_attention(name, spec).eval()

@@ -13,6 +13,7 @@ from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, reorder_c
 from ranmt.attention.dot_product import DotProductAttention
 from ranmt.attention.gaussian import GaussianAttention
 from ranmt.attention.ran import RecurrentAttention
+from ranmt.attention.recurrent_cross import VARIANTS as RECURRENT_CROSS
 from ranmt.attention.synthesizer import RandomSynthesizerAttention
 
 REGISTRY: dict[str, type[Attention]] = {
@@ -20,6 +21,7 @@ REGISTRY: dict[str, type[Attention]] = {
     "ran": RecurrentAttention,
     "gaussian": GaussianAttention,
     "synthesizer": RandomSynthesizerAttention,
+    **RECURRENT_CROSS,
 }
 
 ROLES = ("encoder_self", "decoder_self", "cross")

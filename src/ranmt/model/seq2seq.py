@@ -165,7 +165,8 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
     share = cfg.share_embeddings and cfg.joint_vocab and cfg.src_vocab_size == cfg.tgt_vocab_size
     tgt_tokens = src_tokens if share else embedding(cfg.tgt_vocab_size)
 
-    options = {"ran": cfg.ran, "synthesizer": cfg.synthesizer, "hardcoded": cfg.hardcoded}
+    options = {"ran": cfg.ran, "synthesizer": cfg.synthesizer, "hardcoded": cfg.hardcoded,
+               "recurrent_cross": cfg.recurrent_cross}
 
     def spec(role: str, index: int, layers: int, shared: Any, heads: int = 0) -> AttentionSpec:
         return AttentionSpec(d_model=d, heads=heads or cfg.heads,

@@ -43,7 +43,8 @@ def _cmd_train(args) -> None:
 
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg, args.data, args.out)
-    print(json.dumps(summary))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
+        print(json.dumps(summary))
 
 
 def _load_translator(args):

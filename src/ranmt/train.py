@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ranmt.checkpoint import (
@@ -38,9 +39,16 @@ from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
 from ranmt.data.batching import batch_from_split, make_batches
 from ranmt.data.corpus import load_meta, load_split, raw_text
 from ranmt.data.vocab import PAD, Vocab
+from ranmt.distributed import (
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    init_distributed,
+    shutdown,
+)
 from ranmt.evaluate import score
 from ranmt.model import build_model, count_parameters
-from ranmt.translator import Translator, pick_device
+from ranmt.translator import Translator
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> float:
@@ -97,6 +105,19 @@ class _StopSignal:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class NullLogger:
+    """The logger of ranks other than 0: they write nothing."""
+
+    def line(self, text: str) -> None:
+        pass
+
+    def scalars(self, step: int, values: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class Logger:
@@ -178,10 +199,9 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     cfg.model.joint_vocab = bool(meta["joint_vocab"])
     if cfg.model.hardcoded.gamma <= 0:
         cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
-    run_dir.mkdir(parents=True, exist_ok=True)
     vocab_files = {"src": data_dir / "spm.src.model", "tgt": data_dir / "spm.tgt.model"}
 
-    device = pick_device(cfg.train.device)
+    ctx, device = init_distributed(cfg.train.device)
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     if device.type == "cuda":
@@ -204,7 +224,17 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     else:
         model = build_model(cfg.model).to(device)
     model.train()
-    save_yaml(cfg, run_dir / "config.yaml")
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_yaml(cfg, run_dir / "config.yaml")
+    # The model used for training steps: DDP-wrapped across ranks, optionally compiled.
+    # Checkpoints, validation and decoding always use the plain `model`.
+    step_model = ddp_model = model
+    if ctx.enabled:
+        step_model = ddp_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.train.compile:
+        step_model = torch.compile(step_model)
 
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
                                  betas=tuple(cfg.train.adam_betas), eps=cfg.train.adam_eps,
@@ -238,12 +268,15 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
         translator.decode_config = type(cfg.decode)(**{**to_dict(cfg.decode), "beam": 1,
                                                        "nbest": 1, "truncate_long": True})
 
-    log = Logger(run_dir, cfg.train.tensorboard)
+    log = Logger(run_dir, cfg.train.tensorboard) if ctx.is_main else NullLogger()
     params = count_parameters(model)
     log.line(f"ranmt train: {params['total']:,} parameters, device {device}, "
              f"precision {autocast_dtype or 'fp32'}, {len(train_split)} training pairs"
+             + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
+                f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
              + (f", resuming from {resume_from.name}" if resume_from else ""))
-    (run_dir / "parameters.json").write_text(json.dumps(params, indent=1))
+    if ctx.is_main:
+        (run_dir / "parameters.json").write_text(json.dumps(params, indent=1))
 
     max_time = parse_duration(cfg.train.max_time)
     t = cfg.train
@@ -254,11 +287,14 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     total_tokens, total_train_time = 0, 0.0
     last_validated = step if resume_from is not None else -1
     stop_reason = None
-    progress = tqdm(total=t.max_steps or None, initial=step, disable=not t.progress,
+    progress = tqdm(total=t.max_steps or None, initial=step,
+                    disable=not t.progress or not ctx.is_main,
                     unit="step", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
 
     def checkpoint(valid_result: dict | None) -> None:
         nonlocal trainer_state
+        if not ctx.is_main:
+            return
         trainer_state.update({"step": step, "epoch": epoch, "batch_in_epoch": batch_index,
                               "elapsed": time.monotonic() - start_time})
         extra = {"cpu_rng": torch.get_rng_state()}
@@ -273,8 +309,12 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
             save_checkpoint(run_dir / "best", model, cfg, vocab_files,
                             {**trainer_state, "valid": valid_result})
 
-    def run_validation() -> dict:
+    def run_validation() -> dict | None:
+        """Validate on rank 0 (the others wait); every rank learns an early stop."""
         nonlocal stop_reason
+        if not ctx.is_main:
+            stop_reason = broadcast_object(None, ctx)
+            return None
         result = validate(model, valid_split, cfg, device, autocast_dtype, translator,
                           references)
         metric = result.get("valid_bleu", -result["valid_loss"])
@@ -291,10 +331,12 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
                  + f" | best {trainer_state['best_bleu']:.4f} at step "
                  f"{trainer_state['best_step']}")
         log.scalars(step, {k.replace("_", "/", 1): v for k, v in result.items()})
+        broadcast_object(stop_reason, ctx)
         return result
 
     batch_index = start_batch
     nonfinite_in_a_row = 0
+    data_wait = 0.0  # seconds spent building batches in the current log window
     with _StopSignal() as stop_signal:
         while stop_reason is None:
             if t.max_epochs and epoch >= t.max_epochs:
@@ -303,23 +345,39 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
             batches = make_batches(src_lens, tgt_lens, cfg.data.max_tokens,
                                    cfg.data.max_sentences, seed=t.seed, epoch=epoch,
                                    noise=cfg.data.bucket_noise)
-            while batch_index < len(batches):
-                group = batches[batch_index: batch_index + t.accumulation]
+            # One optimizer step consumes world_size x accumulation consecutive batches;
+            # rank r takes every world_size-th of them (a disjoint shard of the epoch).
+            per_step = ctx.world_size * t.accumulation
+            while len(batches) - batch_index >= ctx.world_size:
+                group = batches[batch_index: batch_index + per_step][ctx.rank::ctx.world_size]
                 step_start = time.monotonic()
                 optimizer.zero_grad(set_to_none=True)
-                group_tokens = sum(int(sum(len(train_split.tgt[i]) + 1 for i in b))
+                local_tokens = sum(int(sum(len(train_split.tgt[i]) + 1 for i in b))
                                    for b in group)
-                group_loss = group_nll = 0.0
-                for indices in group:
+                group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
+                # DDP averages gradients over ranks: scale so the result is the sum of all
+                # ranks' losses over all their target tokens (equal to one big batch).
+                loss_scale = ctx.world_size / group_tokens
+                local_loss = local_nll = 0.0
+                for position, indices in enumerate(group):
+                    wait_start = time.monotonic()
                     batch = batch_from_split(train_split, indices).to(device)
-                    with torch.autocast(device.type, dtype=autocast_dtype,
-                                        enabled=autocast_dtype is not None):
-                        logits = model(batch.src, batch.tgt_in)
-                    loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-                    scaler.scale(loss / group_tokens).backward()
-                    group_loss += float(loss.detach())
-                    group_nll += float(nll)
-                batch_index += len(group)
+                    data_wait += time.monotonic() - wait_start
+                    last = position == len(group) - 1
+                    # accumulate locally; all-reduce only with the group's last backward
+                    sync = contextlib.nullcontext() if (last or not ctx.enabled) \
+                        else ddp_model.no_sync()
+                    with sync:
+                        with torch.autocast(device.type, dtype=autocast_dtype,
+                                            enabled=autocast_dtype is not None):
+                            logits = step_model(batch.src, batch.tgt_in)
+                        loss, nll = label_smoothed_loss(logits, batch.tgt_out,
+                                                        t.label_smoothing)
+                        scaler.scale(loss * loss_scale).backward()
+                    local_loss += float(loss.detach())
+                    local_nll += float(nll)
+                group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
+                batch_index += min(per_step, len(batches) - batch_index)
                 if not math.isfinite(group_loss):
                     trainer_state["nonfinite_skipped"] += 1
                     nonfinite_in_a_row += 1
@@ -357,22 +415,29 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
                 progress.update(1)
                 if step % t.log_every == 0:
                     tok_s = window["tokens"] / max(window["time"], 1e-9)
+                    wait_share = data_wait / max(window["time"], 1e-9)
                     loss_avg = window["loss"] / window["tokens"]
                     ppl = math.exp(min(window["nll"] / window["tokens"], 50))
                     log.line(f"step {step} epoch {epoch + 1} | loss {loss_avg:.4f} ppl "
-                             f"{ppl:.2f} | lr {lr:.3e} | {tok_s:,.0f} tgt tok/s")
+                             f"{ppl:.2f} | lr {lr:.3e} | {tok_s:,.0f} tgt tok/s | data wait "
+                             f"{100 * wait_share:.1f}%")
                     log.scalars(step, {"train/loss": loss_avg, "train/ppl": ppl, "train/lr": lr,
                                        "train/tokens_per_s": tok_s})
                     progress.set_postfix(loss=f"{loss_avg:.3f}", lr=f"{lr:.2e}",
                                          tok_s=f"{tok_s:,.0f}")
                     window = {k: 0.0 if k != "tokens" else 0 for k in window}
+                    data_wait = 0.0
                 elapsed = time.monotonic() - start_time
+                # Every rank must take the same decision: combine the time/signal flags.
+                out_of_time, signalled = all_reduce_sum(
+                    [float(bool(max_time) and elapsed >= max_time),
+                     float(stop_signal.received is not None)], ctx, device)
                 if t.max_steps and step >= t.max_steps:
                     stop_reason = f"max_steps={t.max_steps} reached"
-                elif max_time and elapsed >= max_time:
+                elif out_of_time:
                     stop_reason = f"max_time={t.max_time} reached"
-                elif stop_signal.received:
-                    stop_reason = f"{stop_signal.received} received"
+                elif signalled:
+                    stop_reason = f"{stop_signal.received or 'signal'} received"
                 if step % t.validate_every == 0 and stop_reason is None:
                     checkpoint(run_validation())
                     last_validated = step
@@ -383,10 +448,11 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
                 batch_index = 0
         progress.close()
         if last_validated != step:
-            if stop_signal.received and stop_reason.endswith("received"):
+            if stop_reason.endswith("received"):
                 checkpoint(None)  # be quick on a signal: save, skip validation
             else:
                 checkpoint(run_validation())
+        barrier(ctx)
     tok_s = total_tokens / max(total_train_time, 1e-9)
     summary = {"steps": step, "epochs_completed": epoch, "stop_reason": stop_reason,
                "best_valid_bleu": trainer_state["best_bleu"],
@@ -397,7 +463,9 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     log.line(f"done: {stop_reason}; {step} steps, {tok_s:,.0f} target tokens/s, best valid "
              f"{'BLEU' if cfg.train.validate_bleu else '-loss'} {trainer_state['best_bleu']} "
              f"at step {trainer_state['best_step']}")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if ctx.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        resolve_checkpoint(run_dir)  # sanity: the run is loadable
     log.close()
-    resolve_checkpoint(run_dir)  # sanity: the run is loadable
+    shutdown(ctx)
     return summary

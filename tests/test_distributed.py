@@ -1,0 +1,82 @@
+"""Multi-process training with torchrun + DDP (gloo on CPU), and torch.compile parity."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ranmt.config import load_config
+from ranmt.train import train
+
+COMMON = ["model.preset=tiny", "model.dropout=0.0", "train.lr=0.003", "train.warmup_steps=10",
+          "train.seed=3", "train.progress=false", "train.tensorboard=false",
+          "train.validate_bleu=false", "data.max_tokens=300", "train.validate_every=4",
+          "train.keep_last=10", "train.threads=1"]
+
+
+def _run(data, run, nproc: int, *extra: str) -> None:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
+    argv = launcher + ["-m", "ranmt", "train", "--data", str(data), "--out", str(run),
+                       *COMMON, *extra]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_data,
+                                                                      tmp_path):
+    # 1 process x accumulation 2  ==  2 processes x accumulation 1 (same batches per step)
+    _run(reverse_data, tmp_path / "one", 1, "train.max_steps=8", "train.accumulation=2")
+    _run(reverse_data, tmp_path / "two", 2, "train.max_steps=8")
+    one = load_file(str(tmp_path / "one/checkpoints/step_00000008/model.safetensors"))
+    two = load_file(str(tmp_path / "two/checkpoints/step_00000008/model.safetensors"))
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4, msg=key)
+    # rank 0 alone writes: one set of checkpoints, each log line once
+    assert sorted(p.name for p in (tmp_path / "two/checkpoints").iterdir()) == [
+        "step_00000004", "step_00000008"]
+    log = (tmp_path / "two/train.log").read_text().splitlines()
+    assert len([line for line in log if line.startswith("validate step 8")]) == 1
+    assert "2 processes" in log[0]
+
+
+def test_resume_two_process_run_with_one_process(reverse_data, tmp_path):
+    _run(reverse_data, tmp_path / "run", 2, "train.max_steps=4")
+    _run(reverse_data, tmp_path / "run", 1, "train.max_steps=8")
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["steps"] == 8
+    assert (tmp_path / "run/checkpoints/step_00000008/checkpoint.json").is_file()
+
+
+def _compile_works() -> bool:
+    try:
+        torch.compile(torch.nn.Linear(2, 2))(torch.ones(1, 2))
+        return True
+    except Exception:  # noqa: BLE001 - no compiler toolchain on this machine
+        return False
+
+
+@pytest.mark.slow
+def test_compile_gives_the_same_losses_as_eager(reverse_data, tmp_path):
+    if not _compile_works():
+        pytest.skip("torch.compile cannot build kernels here")
+    values = {"model.preset": "tiny", "model.dropout": "0.0", "train.max_steps": "5",
+              "train.validate_bleu": "false", "train.progress": "false",
+              "train.tensorboard": "false", "data.max_tokens": "300", "train.log_every": "1"}
+    train(load_config(None, values), reverse_data, tmp_path / "eager")
+    train(load_config(None, {**values, "train.compile": "true"}), reverse_data,
+          tmp_path / "compiled")
+
+    def losses(run):
+        return [float(line.split("loss ")[1].split()[0])
+                for line in (run / "train.log").read_text().splitlines()
+                if line.startswith("step ")]
+
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert len(eager) == 5
+    assert compiled == pytest.approx(eager, rel=1e-4)

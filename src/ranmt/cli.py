@@ -91,28 +91,49 @@ def _cmd_translate(args) -> None:
         sys.stdout.flush()
 
 
+def _metrics(args) -> list[str]:
+    from ranmt.evaluate import TASK_METRICS
+
+    return list(args.metrics) if args.metrics else list(TASK_METRICS[args.task])
+
+
+def _print_scores(result: dict, metrics: list[str], prefix: str = "") -> None:
+    for metric in metrics:
+        print(f"{prefix}{metric.upper()} = {result[metric]:.2f}  ({result['signature'][metric]})")
+
+
 def _cmd_score(args) -> None:
     from ranmt.data.text import read_lines
-    from ranmt.evaluate import paired_bootstrap, score
+    from ranmt.evaluate import bleu_by_length, paired_bootstrap, score
 
     refs = read_lines(args.ref)
     hyps = [(path, read_lines(path)) for path in args.hyp]
+    metrics = _metrics(args)
     if len(hyps) == 1:
-        result = score(hyps[0][1], refs, args.metrics)
+        result = score(hyps[0][1], refs, metrics, args.lang, args.compound_split)
+        if args.src:
+            sources = read_lines(args.src)
+            result["bleu_by_source_length"] = bleu_by_length(hyps[0][1], refs, sources)
+            result["bleu_by_reference_length"] = bleu_by_length(hyps[0][1], refs, sources,
+                                                                by="reference")
         if args.json:
             print(json.dumps(result))
         else:
-            for metric in args.metrics:
-                print(f"{metric.upper()} = {result[metric]:.2f}  ({result['signature'][metric]})")
+            _print_scores(result, metrics)
+            for key in ("bleu_by_source_length", "bleu_by_reference_length"):
+                for row in result.get(key, []):
+                    bleu = "-" if row["bleu"] is None else f"{row['bleu']:.2f}"
+                    print(f"{key} {row['bin']:>6}: {bleu} ({row['sentences']} sentences)")
         return
-    result = paired_bootstrap(hyps, refs, args.metrics, args.bootstrap_samples)
+    result = paired_bootstrap(hyps, refs, metrics, args.bootstrap_samples)
+    metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
     if args.json:
         print(json.dumps(result))
         return
-    print("system\t" + "\t".join(m.upper() for m in args.metrics))
+    print("system\t" + "\t".join(m.upper() for m in metrics))
     for row, entry in enumerate(result["systems"]):
         cells = []
-        for metric in args.metrics:
+        for metric in metrics:
             mark = ""
             if row > 0 and entry[f"{metric}_p"] is not None and entry[f"{metric}_p"] < 0.01:
                 mark = "†"
@@ -133,7 +154,8 @@ def _cmd_evaluate(args) -> None:
     hyps = translator.translate(sources)
     if args.output:
         write_lines(args.output, hyps)
-    result = score(hyps, refs, args.metrics, meta.get("tgt_lang", ""))
+    metrics = _metrics(args)
+    result = score(hyps, refs, metrics, meta.get("tgt_lang", ""), args.compound_split)
     result.update({"split": args.split, "sentences": len(hyps),
                    "checkpoint": str(translator.checkpoint_dir),
                    "beam": translator.decode_config.beam,
@@ -141,9 +163,16 @@ def _cmd_evaluate(args) -> None:
     if args.json:
         print(json.dumps(result))
     else:
-        for metric in args.metrics:
-            print(f"{args.split} {metric.upper()} = {result[metric]:.2f}  "
-                  f"({result['signature'][metric]})")
+        _print_scores(result, metrics, f"{args.split} ")
+
+
+def _cmd_analyze(args) -> None:
+    from ranmt.analysis import analyze
+
+    if args.max_sentences < 0:
+        raise ValueError("--max-sentences must be >= 0")
+    analyze(args.checkpoint, args.data, args.split, args.out, args.max_sentences, args.beam,
+            args.device, log=_info)
 
 
 def _cmd_info(args) -> None:
@@ -192,6 +221,18 @@ def _decode_options(parser: argparse.ArgumentParser) -> None:
                         help="truncate inputs longer than max_positions (with a warning) "
                              "instead of failing")
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+
+
+def _metric_options(parser: argparse.ArgumentParser) -> None:
+    from ranmt.evaluate import METRICS, TASK_METRICS
+
+    parser.add_argument("--metrics", nargs="+", choices=METRICS,
+                        help="metrics (default: the task's set)")
+    parser.add_argument("--task", default="translation", choices=sorted(TASK_METRICS),
+                        help="metric set: translation (bleu tok_bleu chrf ter), "
+                             "summarization (rouge1 rouge2 rougeL), dialogue (bleu rougeL)")
+    parser.add_argument("--compound-split", action="store_true",
+                        help="tok_bleu: split hyphenated compounds (##AT##-##AT##)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", required=True, help="reference file")
     p.add_argument("--hyp", required=True, action="append",
                    help="hypothesis file; repeat: the first is the baseline")
-    p.add_argument("--metrics", nargs="+", default=["bleu", "chrf", "ter"],
-                   choices=["bleu", "chrf", "ter"])
+    _metric_options(p)
+    p.add_argument("--src", help="source file: adds BLEU by source/reference length bins")
+    p.add_argument("--lang", default="", help="target language (Moses tokenization)")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_score)
@@ -255,11 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
     _decode_options(p)
     p.add_argument("--data", required=True, help="prepared-data directory")
     p.add_argument("--split", default="test", help="split name (see meta.json)")
-    p.add_argument("--metrics", nargs="+", default=["bleu", "chrf", "ter"],
-                   choices=["bleu", "chrf", "ter"])
+    _metric_options(p)
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_evaluate, nbest=None)
+
+    p = sub.add_parser("analyze", help="attention statistics and the papers' figures (PNG+JSON)")
+    p.add_argument("--checkpoint", required=True, action="append",
+                   help="run or checkpoint; repeat to draw several systems in one figure")
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--split", default="test", help="split whose real sentences are used")
+    p.add_argument("--out", required=True, help="output directory for PNG files and JSON")
+    p.add_argument("--max-sentences", type=int, default=0, help="first N sentences (0 = all)")
+    p.add_argument("--beam", type=int, help="beam for the BLEU-by-bin translations")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
     p.add_argument("--checkpoint")

@@ -1,43 +1,147 @@
-"""Scoring with sacreBLEU: BLEU, chrF, TER with signatures, and paired bootstrap resampling.
+"""Scoring the way the papers report it, on top of sacreBLEU, sacremoses and rouge-score.
 
-BLEU is computed on detokenized, case-sensitive text with sacreBLEU's default ``13a``
-tokenization (the "SacreBLEU" column of the papers). With several systems the first is
-the baseline and the others get paired-bootstrap p-values against it (sacreBLEU's own
-implementation, 1000 resamples by default).
+* ``bleu``: detokenized, case-sensitive sacreBLEU (13a), with its signature ("SacreBLEU");
+* ``tok_bleu``: BLEU on Moses-tokenized text, the way multi-bleu.perl is used in the RAN
+  paper (sacremoses tokenization of hypotheses and references, then sacreBLEU with
+  ``tokenize="none"``); ``compound_split`` adds the common German "##AT##-##AT##" splitting
+  of hyphenated compounds;
+* ``chrf``, ``ter``: sacreBLEU's chrF and TER;
+* ``rouge1`` / ``rouge2`` / ``rougeL``: rouge-score F-measures x 100 (summarization);
+* ``bleu_by_length``: BLEU per bin of source or reference length (paper 000 Fig. 8);
+* paired bootstrap resampling of several systems against the first (sacreBLEU's own).
+
+Metric sets per task (``TASK_METRICS``): translation, summarization (ROUGE-1/2/L) and
+dialogue (BLEU-4 and ROUGE-L, paper 000 Table 4).
 """
 
 from __future__ import annotations
 
+import os
+import re
+
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
-METRICS = {"bleu": BLEU, "chrf": CHRF, "ter": TER}
+METRICS = ("bleu", "tok_bleu", "chrf", "ter", "rouge1", "rouge2", "rougeL")
+TASK_METRICS = {
+    "translation": ("bleu", "tok_bleu", "chrf", "ter"),
+    "summarization": ("rouge1", "rouge2", "rougeL"),
+    "dialogue": ("bleu", "rougeL"),
+}
+DEFAULT_LENGTH_EDGES = (0, 10, 20, 30, 40, 50, 60)
+"""Seven bins: [0,10), [10,20), ..., [50,60), [60, inf) words (paper 000 Fig. 8)."""
 
 
 class ScoreError(ValueError):
     pass
 
 
-def _metric(name: str, tgt_lang: str = ""):
-    if name not in METRICS:
-        raise ScoreError(f"unknown metric '{name}'; choose from {sorted(METRICS)}")
+def _sacrebleu_metric(name: str, tgt_lang: str = ""):
     if name == "bleu":
         return BLEU(trg_lang=tgt_lang)
-    return METRICS[name]()
+    if name == "chrf":
+        return CHRF()
+    if name == "ter":
+        return TER()
+    raise ScoreError(f"'{name}' is not a sacreBLEU metric")
+
+
+def moses_tokenize(lines: list[str], lang: str = "en", compound_split: bool = False
+                   ) -> list[str]:
+    """Moses-tokenize (sacremoses, no escaping), optionally splitting hyphenated compounds."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang or "en")
+    out = [tokenizer.tokenize(line, escape=False, return_str=True) for line in lines]
+    if compound_split:
+        out = [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line) for line in out]
+    return out
+
+
+def tokenized_bleu(hyps: list[str], refs: list[str], lang: str = "en",
+                   compound_split: bool = False) -> tuple[float, str]:
+    """(BLEU on Moses-tokenized text, description) — the multi-bleu.perl style number."""
+    metric = BLEU(tokenize="none", force=True)
+    score = metric.corpus_score(moses_tokenize(hyps, lang, compound_split),
+                                [moses_tokenize(refs, lang, compound_split)])
+    signature = f"moses-tok:{lang or 'en'}|compound-split:{'yes' if compound_split else 'no'}|" \
+        + str(metric.get_signature())
+    return float(score.score), signature
+
+
+def rouge(hyps: list[str], refs: list[str], kinds=("rouge1", "rouge2", "rougeL")) -> dict:
+    """Corpus ROUGE: mean F-measure x 100 per kind (rouge-score, with stemming)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(list(kinds), use_stemmer=True)
+    totals = dict.fromkeys(kinds, 0.0)
+    for hyp, ref in zip(hyps, refs):
+        scores = scorer.score(ref, hyp)
+        for kind in kinds:
+            totals[kind] += scores[kind].fmeasure
+    return {kind: 100.0 * total / max(len(hyps), 1) for kind, total in totals.items()}
 
 
 def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
-          tgt_lang: str = "") -> dict:
-    """``{"bleu": 31.2, "chrf": ..., "ter": ..., "signature": {"bleu": "nrefs:1|..."}}``."""
+          tgt_lang: str = "", compound_split: bool = False) -> dict:
+    """``{"bleu": 31.2, "chrf": ..., "signature": {"bleu": "nrefs:1|..."}}``."""
     if len(hyps) != len(refs):
         raise ScoreError(f"hypothesis has {len(hyps)} lines, reference has {len(refs)}")
+    if not refs:
+        raise ScoreError("the reference is empty: nothing to score")
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ScoreError(f"unknown metric(s) {unknown}; choose from {list(METRICS)}")
     result: dict = {"signature": {}}
+    rouge_kinds = [m for m in metrics if m.startswith("rouge")]
+    if rouge_kinds:
+        result.update({k: round(v, 4) for k, v in rouge(hyps, refs, rouge_kinds).items()})
+        for kind in rouge_kinds:
+            result["signature"][kind] = "rouge-score|stemmer:yes|fmeasure"
     for name in metrics:
-        metric = _metric(name, tgt_lang)
-        corpus = metric.corpus_score(hyps, [refs])
-        result[name] = round(float(corpus.score), 4)
-        result["signature"][name] = str(metric.get_signature())
+        if name.startswith("rouge"):
+            continue
+        if name == "tok_bleu":
+            value, signature = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
+        else:
+            metric = _sacrebleu_metric(name, tgt_lang)
+            value = float(metric.corpus_score(hyps, [refs]).score)
+            signature = str(metric.get_signature())
+        result[name] = round(value, 4)
+        result["signature"][name] = signature
     return result
+
+
+def length_bins(lengths: list[int], edges=DEFAULT_LENGTH_EDGES) -> list[list[int]]:
+    """Partition sentence indices by length: bin b holds edges[b] <= length < edges[b+1]
+    (the last bin is open-ended). Every index lands in exactly one bin."""
+    edges = list(edges)
+    if edges != sorted(edges) or len(set(edges)) != len(edges):
+        raise ScoreError(f"length bin edges must increase strictly: {edges}")
+    bins: list[list[int]] = [[] for _ in edges]
+    for index, length in enumerate(lengths):
+        position = 0
+        for b, edge in enumerate(edges):
+            if length >= edge:
+                position = b
+        bins[position].append(index)
+    return bins
+
+
+def bleu_by_length(hyps: list[str], refs: list[str], sources: list[str], by: str = "source",
+                   edges=DEFAULT_LENGTH_EDGES) -> list[dict]:
+    """BLEU per length bin of the source or the reference (length in whitespace words)."""
+    if by not in ("source", "reference"):
+        raise ScoreError("by must be source or reference")
+    basis = sources if by == "source" else refs
+    out = []
+    for b, members in enumerate(length_bins([len(s.split()) for s in basis], edges)):
+        upper = edges[b + 1] if b + 1 < len(edges) else None
+        label = f"{edges[b]}-{upper - 1}" if upper is not None else f"{edges[b]}+"
+        bleu = (BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]])
+                .score if members else None)
+        out.append({"bin": label, "sentences": len(members), "bleu": bleu})
+    return out
 
 
 def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],
@@ -45,16 +149,18 @@ def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],
                      seed: int = 12345) -> dict:
     """Scores of every system and p-values of systems 2.. against system 1 (the baseline).
 
-    Returns ``{"systems": [{"name", "bleu", "bleu_p", ...}], "signature": {...}}``.
+    Returns ``{"systems": [{"name", "bleu", "bleu_p", ...}], "signature": {...}}``. A system
+    whose output is identical to the baseline's gets p = 1 (see below).
     """
     for name, hyps in systems:
         if len(hyps) != len(refs):
             raise ScoreError(f"{name}: {len(hyps)} lines, reference has {len(refs)}")
-    import os
-
+    metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
+    if not metrics:
+        raise ScoreError("paired bootstrap supports bleu, chrf and ter")
     os.environ["SACREBLEU_SEED"] = str(seed)
-    test = PairedTest(systems, {m: _metric(m) for m in metrics}, [refs], test_type="bs",
-                      n_samples=samples)
+    test = PairedTest(systems, {m: _sacrebleu_metric(m) for m in metrics}, [refs],
+                      test_type="bs", n_samples=samples)
     signatures, table = test()
     # sacreBLEU keys its tables by display name ("BLEU", "chrF2"), in the order given.
     columns = [key for key in table if key != "System"]
@@ -67,5 +173,10 @@ def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],
             entry[metric] = round(float(result.score), 4)
             if row > 0:
                 entry[f"{metric}_p"] = result.p_value
+                if list(systems[row][1]) == list(systems[0][1]):
+                    # Identical outputs: every resampled difference is exactly 0 and
+                    # sacreBLEU's strict count returns its floor 1/(n+1), which would read
+                    # as "significant". There is no difference to test: p = 1.
+                    entry[f"{metric}_p"] = 1.0
         out["systems"].append(entry)
     return out

@@ -62,6 +62,11 @@ class AttentionSpec:
 class Attention(nn.Module):
     """Base class of all attention variants."""
 
+    input_agnostic = False
+    """True when the weights do not depend on the input (RAN, Syn-R, hard-coded)."""
+    normalized = True
+    """True when every row of the returned weights sums to 1."""
+
     def initial_state(self) -> Any:
         """State handed to the first layer of a stack (None unless the variant has one)."""
         return None

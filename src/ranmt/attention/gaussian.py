@@ -71,6 +71,7 @@ class GaussianAttention(Attention):
     """Hard-coded attention for any component (self- or cross-attention)."""
 
     normalized = False  # rows deliberately do not sum to 1 (cut off, not renormalised)
+    input_agnostic = True
 
     def __init__(self, spec: AttentionSpec):
         super().__init__()

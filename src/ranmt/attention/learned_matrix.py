@@ -61,6 +61,7 @@ class LearnedMatrixAttention(Attention):
     """Base class: subclasses provide the layer's matrix for training and for inference."""
 
     roles = ("encoder_self", "decoder_self")
+    input_agnostic = True
 
     def __init__(self, spec: AttentionSpec, dropout: float):
         super().__init__()

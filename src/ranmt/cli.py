@@ -175,6 +175,12 @@ def _cmd_analyze(args) -> None:
             args.device, log=_info)
 
 
+def _cmd_experiment(args) -> None:
+    from ranmt.experiment import run_experiment
+
+    run_experiment(args.config, log=_info)
+
+
 def _cmd_info(args) -> None:
     from ranmt.checkpoint import load_checkpoint
     from ranmt.config import load_config, to_dict
@@ -312,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, help="beam for the BLEU-by-bin translations")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")
+    p.add_argument("config", help="experiment YAML (see configs/experiments/)")
+    p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
     p.add_argument("--checkpoint")

@@ -337,6 +337,13 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     batch_index = start_batch
     nonfinite_in_a_row = 0
     data_wait = 0.0  # seconds spent building batches in the current log window
+    if resume_from is not None:  # a finished run resumed with the same budget stops at once
+        if t.max_steps and step >= t.max_steps:
+            stop_reason = f"max_steps={t.max_steps} reached"
+        elif max_time and time.monotonic() - start_time >= max_time:
+            stop_reason = f"max_time={t.max_time} reached"
+        elif t.max_epochs and epoch >= t.max_epochs:
+            stop_reason = f"max_epochs={t.max_epochs} reached"
     with _StopSignal() as stop_signal:
         while stop_reason is None:
             if t.max_epochs and epoch >= t.max_epochs:

@@ -1,0 +1,332 @@
+"""``ranmt experiment CONFIG.yaml``: a grid of datasets x variants x seeds, end to end.
+
+For every dataset: download (optional) and prepare once. For every cell (dataset, variant,
+seed): train (resuming a run that was interrupted), take the best checkpoint on
+validation, translate every test set (timed), score it; a finished cell writes
+``cell.json`` and is never recomputed. Finally ``results.md`` (one table per test set in the
+layout of the RAN paper's Table 1: metric rows, variant columns, delta to the baseline in
+parentheses, † for p < 0.01 by paired bootstrap against the baseline) and ``results.json``
+(every number, sacreBLEU signatures, the config and the git commit) are written.
+
+Experiment file (YAML)::
+
+    name: multi30k_en_de
+    out: experiments/multi30k_en_de     # relative to the current directory
+    base_config: configs/multi30k_small.yaml
+    overrides: {train.max_time: 30m}    # for every cell
+    seeds: [1]
+    baseline: TransF
+    decode: {beam: 4, lenpen: 0.6}
+    datasets:
+      - name: multi30k-en-de
+        download: {dataset: multi30k, pair: en-de}   # or give train/valid/tests prefixes
+        src: en
+        tgt: de
+        vocab_size: 8000
+        tests: [test_2016_flickr, test_2017_flickr]
+    variants:
+      - {name: TransF, overrides: {model.arch: transf}}
+      - {name: RAN-ALL, overrides: {model.arch: ran-all}}
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ranmt.config import ConfigError, load_config, to_dict
+from ranmt.data.corpus import load_meta, prepare, raw_text
+from ranmt.data.download import download_multi30k
+from ranmt.data.text import write_lines
+from ranmt.evaluate import TASK_METRICS, paired_bootstrap, score
+from ranmt.train import train
+from ranmt.translator import Translator
+
+ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
+             "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
+LOWER_IS_BETTER = {"ter"}
+
+
+@dataclass
+class Dataset:
+    name: str
+    src: str
+    tgt: str
+    train: str = ""
+    valid: str = ""
+    tests: dict[str, str] = field(default_factory=dict)
+    download: dict | None = None
+    vocab_size: int = 8000
+    joint: bool = True
+    model_type: str = "bpe"
+    max_positions: int = 256
+    task: str = "translation"
+
+
+@dataclass
+class Experiment:
+    name: str
+    out: Path
+    datasets: list[Dataset]
+    variants: list[dict]
+    seeds: list[int]
+    baseline: str
+    base_config: str | None
+    overrides: dict
+    decode: dict
+    bootstrap_samples: int = 1000
+    path: Path | None = None
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file {path} does not exist")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    known = {"name", "out", "datasets", "variants", "seeds", "baseline", "base_config",
+             "overrides", "decode", "bootstrap_samples"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown experiment key(s) {sorted(unknown)}; "
+                          f"valid: {sorted(known)}")
+    for key in ("datasets", "variants"):
+        if not raw.get(key):
+            raise ConfigError(f"{path}: '{key}' must list at least one entry")
+    datasets = []
+    for entry in raw["datasets"]:
+        entry = dict(entry)
+        tests = entry.pop("tests", {})
+        if isinstance(tests, list):  # names of downloaded splits
+            tests = {name: name for name in tests}
+        try:
+            datasets.append(Dataset(tests=dict(tests), **entry))
+        except TypeError as err:
+            raise ConfigError(f"{path}: dataset entry {entry.get('name')}: {err}") from None
+    names = [v.get("name") for v in raw["variants"]]
+    if len(set(names)) != len(names) or None in names:
+        raise ConfigError(f"{path}: every variant needs a unique name")
+    baseline = raw.get("baseline", names[0])
+    if baseline not in names:
+        raise ConfigError(f"{path}: baseline '{baseline}' is not one of the variants {names}")
+    return Experiment(
+        name=raw.get("name", path.stem), out=Path(raw.get("out", f"experiments/{path.stem}")),
+        datasets=datasets, variants=raw["variants"], seeds=list(raw.get("seeds", [1])),
+        baseline=baseline, base_config=raw.get("base_config"),
+        overrides=dict(raw.get("overrides", {})), decode=dict(raw.get("decode", {})),
+        bootstrap_samples=int(raw.get("bootstrap_samples", 1000)), path=path)
+
+
+def _git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10)
+    except OSError:
+        return None
+    return result.stdout.strip() or None
+
+
+def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
+    """Download (if asked) and prepare a dataset once; return the prepared-data directory."""
+    prepared = root / "data" / dataset.name
+    if (prepared / "meta.json").is_file():
+        return prepared
+    tests = dict(dataset.tests)
+    train_prefix, valid_prefix = dataset.train, dataset.valid
+    if dataset.download:
+        raw = root / "data" / f"{dataset.name}.raw"
+        spec = dict(dataset.download)
+        if spec.get("dataset", "multi30k") != "multi30k":
+            raise ConfigError(f"dataset {dataset.name}: only multi30k can be downloaded")
+        download_multi30k(spec.get("pair", f"{dataset.src}-{dataset.tgt}"), raw,
+                          spec.get("from"), log=log)
+        train_prefix = train_prefix or str(raw / "train")
+        valid_prefix = valid_prefix or str(raw / "val")
+        tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
+                 not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
+    log(f"preparing dataset {dataset.name}")
+    prepare(dataset.src, dataset.tgt, train_prefix, valid_prefix, prepared, tests,
+            dataset.vocab_size, dataset.joint, dataset.model_type, dataset.max_positions,
+            log=log)
+    return prepared
+
+
+def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: dict,
+             seed: int, cell_dir: Path, log) -> dict:
+    """Train (or resume) one cell, decode and score every test set; write cell.json."""
+    overrides = {**experiment.overrides, **variant.get("overrides", {}),
+                 "train.seed": seed}
+    cfg = load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
+    started = time.monotonic()
+    summary = train(cfg, data_dir, cell_dir / "run")
+    decode = {k: v for k, v in experiment.decode.items()}
+    translator = Translator.load(cell_dir / "run", **decode)
+    meta = load_meta(data_dir)
+    metrics = TASK_METRICS[dataset.task]
+    tests = {}
+    for test in dataset.tests:
+        sources = raw_text(data_dir, test, "src")
+        refs = raw_text(data_dir, test, "tgt")
+        start = time.perf_counter()
+        hyps = translator.translate(sources)
+        seconds = time.perf_counter() - start
+        hyp_path = cell_dir / f"{test}.hyp"
+        write_lines(hyp_path, hyps)
+        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""))
+        target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
+        result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
+                       "sentences_per_s": len(hyps) / seconds,
+                       "target_tokens_per_s": target_tokens / seconds})
+        tests[test] = result
+    cell = {"dataset": dataset.name, "variant": variant["name"], "seed": seed,
+            "checkpoint": str(translator.checkpoint_dir), "train": summary,
+            "parameters": summary["parameters"], "tests": tests,
+            "config": to_dict(translator.config),
+            "wall_seconds": time.monotonic() - started}
+    (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
+    return cell
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    if len(values) == 1:
+        return values[0], None
+    return statistics.mean(values), statistics.stdev(values)
+
+
+def _format(mean: float, std: float | None) -> str:
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
+    """results.md text and the results dict (with significance against the baseline)."""
+    names = [v["name"] for v in experiment.variants]
+    lines = [f"# Results: {experiment.name}", ""]
+    results: dict = {"experiment": experiment.name, "datasets": {}}
+    for dataset in experiment.datasets:
+        metrics = TASK_METRICS[dataset.task]
+        by_variant = {name: [c for c in cells if c["dataset"] == dataset.name
+                             and c["variant"] == name] for name in names}
+        dataset_result: dict = {"tests": {}, "variants": {}}
+        for test in dataset.tests:
+            table: dict = {}
+            for name in names:
+                for metric in metrics:
+                    values = [c["tests"][test][metric] for c in by_variant[name]]
+                    if values:
+                        table.setdefault(name, {})[metric] = _mean_std(values)
+            # Significance: each seed against the baseline's run with the same seed;
+            # a dagger needs p < 0.01 for every seed.
+            significance: dict = {}
+            base_cells = {c["seed"]: c for c in by_variant[experiment.baseline]}
+            for name in names:
+                if name == experiment.baseline:
+                    continue
+                pvalues: dict[str, list[float]] = {}
+                for cell in by_variant[name]:
+                    base = base_cells.get(cell["seed"])
+                    if base is None:
+                        continue
+                    refs_file = Path(base["tests"][test]["hyp_file"])
+                    refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
+                    base_hyps = refs_file.read_text(encoding="utf-8").split("\n")[:-1]
+                    hyps = Path(cell["tests"][test]["hyp_file"]).read_text(
+                        encoding="utf-8").split("\n")[:-1]
+                    sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
+                    if not sig_metrics:
+                        continue
+                    test_result = paired_bootstrap([(experiment.baseline, base_hyps),
+                                                    (name, hyps)], refs, sig_metrics,
+                                                   experiment.bootstrap_samples)
+                    for metric in sig_metrics:
+                        pvalues.setdefault(metric, []).append(
+                            test_result["systems"][1][f"{metric}_p"])
+                significance[name] = pvalues
+            present = [n for n in names if n in table]
+            lines += [f"## {dataset.name} — {test}", "",
+                      "| metric | " + " | ".join(present) + " |",
+                      "|---|" + "---|" * len(present)]
+            for metric in metrics:
+                cells_text = []
+                base_mean = table.get(experiment.baseline, {}).get(metric, (None,))[0]
+                for name in present:
+                    mean, std = table[name][metric]
+                    text = _format(mean, std)
+                    if name != experiment.baseline and base_mean is not None:
+                        text += f" ({mean - base_mean:+.2f})"
+                        pvals = significance.get(name, {}).get(metric, [])
+                        if pvals and max(pvals) < 0.01:
+                            text += " †"
+                    cells_text.append(text)
+                lines.append(f"| {ROW_NAMES.get(metric, metric)} | " + " | ".join(cells_text)
+                             + " |")
+            lines.append("")
+            dataset_result["tests"][test] = {
+                "scores": {n: {m: {"mean": v[0], "std": v[1]} for m, v in t.items()}
+                           for n, t in table.items()},
+                "p_values": significance}
+        lines += [f"## {dataset.name} — cost per variant", "",
+                  "| variant | parameters | training time (min) | train tgt tok/s | "
+                  "decode sent/s | decode tgt tok/s |", "|---|---|---|---|---|---|"]
+        for name in names:
+            runs = by_variant[name]
+            if not runs:
+                continue
+            first_test = next(iter(dataset.tests), None)
+            train_min = _mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
+            train_tok = _mean_std([c["train"]["train_tokens_per_s"] for c in runs])
+            sent = _mean_std([c["tests"][first_test]["sentences_per_s"] for c in runs]) \
+                if first_test else (0.0, None)
+            tok = _mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in runs]) \
+                if first_test else (0.0, None)
+            lines.append(f"| {name} | {runs[0]['parameters']:,} | {_format(*train_min)} | "
+                         f"{_format(*train_tok)} | {_format(*sent)} | {_format(*tok)} |")
+            dataset_result["variants"][name] = {
+                "parameters": runs[0]["parameters"], "training_minutes": train_min,
+                "train_tokens_per_s": train_tok, "decode_sentences_per_s": sent,
+                "decode_tokens_per_s": tok, "seeds": [c["seed"] for c in runs]}
+        lines += ["", "BLEU: tokenized (sacremoses) as multi-bleu.perl; SacreBLEU: detokenized, "
+                  "13a; † p < 0.01 (paired bootstrap against the baseline, every seed); "
+                  "decoding speed on the first test set.", ""]
+        results["datasets"][dataset.name] = dataset_result
+    return "\n".join(lines), results
+
+
+def run_experiment(path: str | Path, log=print) -> dict:
+    """Run (or resume) the whole grid; return the results dict."""
+    experiment = load_experiment(path)
+    root = experiment.out
+    root.mkdir(parents=True, exist_ok=True)
+    grid = [(d, v, s) for d in experiment.datasets for v in experiment.variants
+            for s in experiment.seeds]
+    cells, durations = [], []
+    for index, (dataset, variant, seed) in enumerate(grid, 1):
+        data_dir = prepare_dataset(dataset, root, log)
+        cell_dir = root / "runs" / dataset.name / variant["name"] / f"seed{seed}"
+        cell_file = cell_dir / "cell.json"
+        label = f"cell {index}/{len(grid)}: {dataset.name} / {variant['name']} / seed {seed}"
+        if cell_file.is_file():
+            log(f"{label}: done, reusing {cell_file}")
+            cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
+            continue
+        remaining = len(grid) - index + 1
+        eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
+               f"{remaining} cells left" if durations else "")
+        log(f"{label}: running{eta}")
+        start = time.monotonic()
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        cells.append(run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log))
+        durations.append(time.monotonic() - start)
+    markdown, results = build_tables(experiment, cells)
+    results.update({"commit": _git_commit(), "experiment_file": str(experiment.path),
+                    "experiment_config": yaml.safe_load(experiment.path.read_text()),
+                    "cells": cells})
+    (root / "results.md").write_text(markdown, encoding="utf-8")
+    (root / "results.json").write_text(json.dumps(results, indent=1, default=str),
+                                       encoding="utf-8")
+    log(f"wrote {root / 'results.md'} and {root / 'results.json'}")
+    return results

@@ -78,3 +78,20 @@ def test_max_epochs_stops(reverse_data, tmp_path):
                     tmp_path / "run")
     assert summary["epochs_completed"] == 1
     assert "max_epochs" in summary["stop_reason"]
+
+
+def test_average_checkpoints(reverse_data, tmp_path):
+    from ranmt.checkpoint import average_checkpoints, load_checkpoint
+
+    cfg = _cfg(**{"train.max_steps": 9, "train.validate_every": 3, "train.keep_last": 3})
+    train(cfg, reverse_data, tmp_path / "run")
+    out = average_checkpoints(tmp_path / "run", 2, tmp_path / "avg")
+    averaged, _, meta, _ = load_checkpoint(out)
+    assert meta["trainer"]["averaged"] == ["step_00000006", "step_00000009"]
+    a = load_file(str(tmp_path / "run/checkpoints/step_00000006/model.safetensors"))
+    b = load_file(str(tmp_path / "run/checkpoints/step_00000009/model.safetensors"))
+    state = averaged.state_dict()
+    for key in a:
+        torch.testing.assert_close(state[key], (a[key] + b[key]) / 2)
+    with pytest.raises(RuntimeError, match="fewer than"):
+        average_checkpoints(tmp_path / "run", 5, tmp_path / "avg5")

@@ -171,3 +171,34 @@ def load_training_state(directory: Path) -> tuple[dict, dict]:
     optim = optimizer_from_tensors({k: v for k, v in tensors.items()
                                     if not k.startswith("extra.")}, meta["optimizer"])
     return optim, extra
+
+
+def average_checkpoints(run: str | Path, last: int, out: str | Path) -> Path:
+    """Average the weights of the ``last`` newest step checkpoints of a run into ``out``.
+
+    The result is an ordinary (inference) checkpoint directory with the newest checkpoint's
+    config and vocabularies.
+    """
+    run = Path(run)
+    if last < 1:
+        raise CheckpointError("--last must be >= 1")
+    steps = sorted(p.parent for p in (run / "checkpoints").glob("step_*/checkpoint.json")
+                   if re.fullmatch(r"step_\d{8}", p.parent.name))
+    if len(steps) < last:
+        raise CheckpointError(f"{run} holds {len(steps)} step checkpoint(s), fewer than "
+                              f"--last {last} (raise train.keep_last to keep more)")
+    chosen = steps[-last:]
+    model, config, meta, _ = load_checkpoint(chosen[-1])
+    total = {name: tensor.detach().double().clone() for name, tensor in
+             model.state_dict().items()}
+    for directory in chosen[:-1]:
+        other, _, _, _ = load_checkpoint(directory)
+        for name, tensor in other.state_dict().items():
+            total[name] += tensor.double()
+    averaged = {name: (value / last).to(model.state_dict()[name].dtype)
+                for name, value in total.items()}
+    model.load_state_dict(averaged)
+    trainer = {**meta.get("trainer", {}), "averaged": [d.name for d in chosen]}
+    return save_checkpoint(Path(out), model, config,
+                           {"src": chosen[-1] / "spm.src.model",
+                            "tgt": chosen[-1] / "spm.tgt.model"}, trainer)

@@ -181,6 +181,13 @@ def _cmd_experiment(args) -> None:
     run_experiment(args.config, log=_info)
 
 
+def _cmd_average(args) -> None:
+    from ranmt.checkpoint import average_checkpoints
+
+    path = average_checkpoints(args.checkpoint, args.last, args.out)
+    _info(f"wrote the average of the last {args.last} checkpoints to {path}")
+
+
 def _cmd_info(args) -> None:
     from ranmt.checkpoint import load_checkpoint
     from ranmt.config import load_config, to_dict
@@ -322,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")
     p.add_argument("config", help="experiment YAML (see configs/experiments/)")
     p.set_defaults(func=_cmd_experiment)
+
+    p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")
+    p.add_argument("--checkpoint", required=True, help="run directory")
+    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    p.set_defaults(func=_cmd_average)
 
     p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
     p.add_argument("--checkpoint")

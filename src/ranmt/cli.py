@@ -188,6 +188,17 @@ def _cmd_average(args) -> None:
     _info(f"wrote the average of the last {args.last} checkpoints to {path}")
 
 
+def _cmd_benchmark(args) -> None:
+    from ranmt.benchmark import run_benchmark
+
+    if args.repeats < 1 or args.sentences < 1:
+        raise ValueError("--repeats and --sentences must be >= 1")
+    run_benchmark(args.checkpoint or [], args.arch or [], args.out, args.preset,
+                  args.vocab_size, args.data, args.split, args.sentences, args.batch_sizes,
+                  args.beams, args.beam, args.batch, args.repeats, args.train_tokens,
+                  args.device, log=_info)
+
+
 def _cmd_info(args) -> None:
     from ranmt.checkpoint import load_checkpoint
     from ranmt.config import load_config, to_dict
@@ -335,6 +346,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     p.set_defaults(func=_cmd_average)
+
+    p = sub.add_parser("benchmark", help="decoding/training speed of systems, side by side")
+    p.add_argument("--checkpoint", action="append", help="trained system (repeatable)")
+    p.add_argument("--arch", action="append",
+                   help="freshly initialised system of --preset (repeatable)")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary for --arch")
+    p.add_argument("--data", help="prepared data whose --split sources are decoded")
+    p.add_argument("--split", default="test")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 50, 100])
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--beam", type=int, default=4, help="beam while varying the batch size")
+    p.add_argument("--batch", type=int, default=100, help="batch while varying the beam")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs (median) after warm-up")
+    p.add_argument("--train-tokens", type=int, default=4096, help="tokens per training batch")
+    p.add_argument("--out", default="benchmark", help="output directory")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_benchmark)
 
     p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
     p.add_argument("--checkpoint")

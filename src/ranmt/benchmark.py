@@ -1,0 +1,255 @@
+"""``ranmt benchmark``: decoding and training speed of several systems, side by side.
+
+Systems are trained checkpoints (``--checkpoint``) or freshly initialised models of a preset
+(``--arch``; their outputs are not translations, so prefer checkpoints for decoding numbers).
+Every measurement is interleaved over the systems (system A, B, C, then A, B, C again) so
+machine noise hits all of them alike, repeated ``--repeats`` times after one warm-up, and
+the median is reported, with the ratio to the first system:
+
+* decoding throughput (generated target tokens/s incl. EOS, and sentences/s) across batch
+  sizes with a fixed beam, and across beam sizes with a fixed batch (the RAN paper's Fig. 3);
+* training throughput (target tokens/s) on the same batches, and peak memory on CUDA;
+* on CUDA, the largest ``data.max_tokens`` whose training step fits (paper 004 Table 3).
+
+Output: a table on stdout, ``benchmark.json`` and ``benchmark.png`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ranmt.config import load_config
+from ranmt.data.batching import collate, make_batches
+from ranmt.model import build_model
+from ranmt.train import label_smoothed_loss
+from ranmt.translator import Translator, pick_device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_size: int,
+                 device: torch.device) -> list[tuple[str, Translator | None, object, object]]:
+    """(label, translator or None, model, config) per system."""
+    systems = []
+    for checkpoint in checkpoints:
+        translator = Translator.load(checkpoint, device=str(device))
+        label = f"{translator.config.model.arch}:{Path(checkpoint).name}"
+        systems.append((label, translator, translator.model, translator.config))
+    for arch in archs:
+        cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
+                                 "model.src_vocab_size": str(vocab_size),
+                                 "model.tgt_vocab_size": str(vocab_size),
+                                 "model.joint_vocab": "true"})
+        torch.manual_seed(0)
+        model = build_model(cfg.model).to(device).eval()
+        systems.append((f"{arch}:{preset}", None, model, cfg))
+    if not systems:
+        raise ValueError("give at least one --checkpoint or --arch")
+    return systems
+
+
+def _inputs(systems, data: str | None, split: str, count: int, vocab_size: int
+            ) -> list[list[int]]:
+    """Source token ids: the split's sentences (encoded with the first system's vocabulary)
+    or random ids of realistic lengths."""
+    if data:
+        from ranmt.data.corpus import load_split
+
+        encoded = load_split(data, split)
+        return [list(map(int, s)) for s in encoded.src[:count]]
+    rng = np.random.default_rng(0)
+    return [rng.integers(4, vocab_size, rng.integers(6, 25)).tolist() for _ in range(count)]
+
+
+def decode_speed(translator_like, model, config, sources: list[list[int]], batch: int,
+                 beam: int, device: torch.device) -> tuple[float, float]:
+    """(target tokens/s, sentences/s) for decoding ``sources``."""
+    from ranmt.decode import search
+
+    decode = config.decode
+    model.eval()
+    generated = 0
+    _sync(device)
+    start = time.perf_counter()
+    order = make_batches(np.array([len(s) for s in sources]),
+                         np.array([len(s) for s in sources]), 10 ** 9, batch)
+    from ranmt.data.batching import pad_sources
+
+    for rows in order:
+        src = pad_sources([sources[i] for i in rows]).to(device)
+        hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
+                      decode.max_len_b, 1)
+        generated += sum(len(h[0][0]) + 1 for h in hyps)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return generated / seconds, len(sources) / seconds
+
+
+def train_speed(model, config, sources: list[list[int]], max_tokens: int,
+                device: torch.device) -> tuple[float, float | None]:
+    """(target tokens/s, peak CUDA memory in MiB or None) of training steps over the inputs
+    (each source doubles as its own target: same lengths for every system)."""
+    lengths = np.array([len(s) for s in sources])
+    batches = make_batches(lengths, lengths, max_tokens)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+    tokens = 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    start = time.perf_counter()
+    for rows in batches:
+        arrays = [np.array(sources[i]) for i in rows]
+        batch = collate(arrays, arrays, rows).to(device)
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        loss.backward()
+        optimizer.step()
+        tokens += batch.target_tokens
+    _sync(device)
+    seconds = time.perf_counter() - start
+    model.eval()
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None
+    return tokens / seconds, peak
+
+
+def max_tokens_that_fit(model, sources, device: torch.device, limit: int = 1 << 20) -> int:
+    """Largest tokens-per-batch (doubling, then bisection) whose training step fits (CUDA)."""
+    low, high = 0, 1024
+    pool = sources * 64
+
+    def fits(max_tokens: int) -> bool:
+        try:
+            count, total = 0, 0
+            while total < max_tokens and count < len(pool):
+                total += len(pool[count]) + 1
+                count += 1
+            train_speed(model, None, pool[:count], max_tokens, device)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return False
+
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    while high - low > 256:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
+                  preset: str = "small", vocab_size: int = 8000, data: str | None = None,
+                  split: str = "test", sentences: int = 200,
+                  batch_sizes=(1, 10, 50, 100), beams=(1, 2, 4, 8), fixed_beam: int = 4,
+                  fixed_batch: int = 100, repeats: int = 3, train_tokens: int = 4096,
+                  device_name: str = "auto", log=print) -> dict:
+    device = pick_device(device_name)
+    systems = load_systems(checkpoints, archs, preset, vocab_size, device)
+    sources = _inputs(systems, data, split, sentences, vocab_size)
+    limit = min(cfg.model.max_positions for _, _, _, cfg in systems) - 1
+    sources = [s[:limit] for s in sources if s]
+    settings = [("batch", b, fixed_beam) for b in batch_sizes] + \
+               [("beam", fixed_batch, k) for k in beams]
+    results: dict = {"device": str(device), "torch": torch.__version__,
+                     "sentences": len(sources), "repeats": repeats, "decode": [],
+                     "train": {}, "systems": [label for label, *_ in systems]}
+    with torch.no_grad():
+        for kind, batch, beam in settings:
+            samples: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in systems}
+            for repeat in range(repeats + 1):  # first round = warm-up
+                for label, translator, model, cfg in systems:
+                    value = decode_speed(translator, model, cfg, sources, batch, beam, device)
+                    if repeat > 0:
+                        samples[label].append(value)
+            row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
+            first = None
+            for label, *_ in systems:
+                tok = statistics.median(v[0] for v in samples[label])
+                sent = statistics.median(v[1] for v in samples[label])
+                first = first or tok
+                row["systems"][label] = {"tokens_per_s": tok, "sentences_per_s": sent,
+                                         "ratio": tok / first}
+            results["decode"].append(row)
+            log(f"decode batch {batch:>3} beam {beam}: " + "  ".join(
+                f"{label} {v['tokens_per_s']:,.0f} tok/s ({v['ratio']:.2f}x)"
+                for label, v in row["systems"].items()))
+    train_samples: dict[str, list] = {label: [] for label, *_ in systems}
+    for repeat in range(repeats + 1):
+        for label, _, model, cfg in systems:
+            value = train_speed(model, cfg, sources, train_tokens, device)
+            if repeat > 0:
+                train_samples[label].append(value)
+    first = None
+    for label, _, model, _ in systems:
+        tok = statistics.median(v[0] for v in train_samples[label])
+        first = first or tok
+        peaks = [v[1] for v in train_samples[label] if v[1] is not None]
+        entry = {"tokens_per_s": tok, "ratio": tok / first,
+                 "peak_memory_mib": max(peaks) if peaks else None}
+        if device.type == "cuda":
+            entry["max_tokens_per_batch"] = max_tokens_that_fit(model, sources, device)
+        results["train"][label] = entry
+        log(f"train {label}: {tok:,.0f} tgt tok/s ({entry['ratio']:.2f}x)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    _plot(results, out / "benchmark.png")
+    (out / "benchmark.md").write_text(_table(results), encoding="utf-8")
+    print(_table(results))
+    return results
+
+
+def _table(results: dict) -> str:
+    names = results["systems"]
+    train = results["train"]
+    lines = [f"device {results['device']}, torch {results['torch']}, "
+             f"{results['sentences']} sentences, median of {results['repeats']} runs", "",
+             "| vary | batch | beam | " + " | ".join(f"{name} tok/s (ratio)" for name in names)
+             + " |", "|---|---|---|" + "---|" * len(names)]
+    for row in results["decode"]:
+        cells = [f"{row['systems'][name]['tokens_per_s']:,.0f} "
+                 f"({row['systems'][name]['ratio']:.2f}x)" for name in names]
+        lines.append(f"| {row['vary']} | {row['batch']} | {row['beam']} | " + " | ".join(cells)
+                     + " |")
+    lines += ["", "| training | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+              "| tgt tok/s (ratio) | " + " | ".join(
+                  f"{train[name]['tokens_per_s']:,.0f} ({train[name]['ratio']:.2f}x)"
+                  for name in names) + " |"]
+    if any(train[name]["peak_memory_mib"] for name in names):
+        lines.append("| peak memory (MiB) | " + " | ".join(
+            f"{train[name]['peak_memory_mib']:.0f}" for name in names) + " |")
+    if any("max_tokens_per_batch" in train[name] for name in names):
+        lines.append("| max tokens per batch | " + " | ".join(
+            str(train[name].get("max_tokens_per_batch", "-")) for name in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, kind, key in ((axes[0], "batch", "batch"), (axes[1], "beam", "beam")):
+        rows = [r for r in results["decode"] if r["vary"] == kind]
+        for label in results["systems"]:
+            ax.plot([r[key] for r in rows], [r["systems"][label]["tokens_per_s"] for r in rows],
+                    marker="o", label=label)
+        ax.set_xlabel(f"{key} size")
+        ax.set_ylabel("target tokens / s")
+        ax.set_xscale("log", base=2)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

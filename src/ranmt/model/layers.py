@@ -121,6 +121,19 @@ class Sublayer(nn.Module):
         return out if self.pre_norm else self.norm(out)
 
 
+def _attend(sublayer: Sublayer, attention: Attention, x: Tensor, memory: Tensor | None,
+            key_padding_mask: Tensor | None, causal: bool, state: Any, cache: dict | None,
+            need_weights: bool) -> tuple[Tensor, Any, Tensor | None]:
+    """One attention sublayer with its residual: memory None means self-attention.
+
+    Returns (x after the sublayer, state for the next layer, weights or None).
+    """
+    h = sublayer.normed_input(x)
+    out = attention(h, h if memory is None else memory, key_padding_mask=key_padding_mask,
+                    causal=causal, state=state, cache=cache, need_weights=need_weights)
+    return sublayer.residual(x, out.context), out.state, out.weights
+
+
 class EncoderLayer(nn.Module):
     """Self-attention (optional) + feed-forward (optional)."""
 
@@ -137,11 +150,8 @@ class EncoderLayer(nn.Module):
         """x (B, S, d), pad_mask (B, S) -> (x, state for next layer, weights (B,H,S,S)|None)."""
         weights = None
         if self.self_attention is not None:
-            h = self.attn_sub.normed_input(x)
-            out = self.self_attention(h, h, key_padding_mask=pad_mask, causal=False,
-                                      state=state, need_weights=need_weights)
-            x = self.attn_sub.residual(x, out.context)
-            state, weights = out.state, out.weights
+            x, state, weights = _attend(self.attn_sub, self.self_attention, x, None, pad_mask,
+                                        False, state, None, need_weights)
         if self.ffn is not None:
             x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
         return x, state, weights
@@ -171,19 +181,13 @@ class DecoderLayer(nn.Module):
         """
         weights: dict[str, Tensor | None] = {}
         if self.self_attention is not None:
-            h = self.self_sub.normed_input(x)
-            out = self.self_attention(
-                h, h, key_padding_mask=None, causal=True, state=self_state,
-                cache=None if cache is None else cache["self"], need_weights=need_weights)
-            x = self.self_sub.residual(x, out.context)
-            self_state, weights["self"] = out.state, out.weights
+            x, self_state, weights["self"] = _attend(
+                self.self_sub, self.self_attention, x, None, None, True, self_state,
+                None if cache is None else cache["self"], need_weights)
         if self.cross_attention is not None:
-            h = self.cross_sub.normed_input(x)
-            out = self.cross_attention(
-                h, memory, key_padding_mask=src_pad_mask, causal=False, state=cross_state,
-                cache=None if cache is None else cache["cross"], need_weights=need_weights)
-            x = self.cross_sub.residual(x, out.context)
-            cross_state, weights["cross"] = out.state, out.weights
+            x, cross_state, weights["cross"] = _attend(
+                self.cross_sub, self.cross_attention, x, memory, src_pad_mask, False,
+                cross_state, None if cache is None else cache["cross"], need_weights)
         if self.ffn is not None:
             x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
         return x, self_state, cross_state, weights

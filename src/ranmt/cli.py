@@ -260,7 +260,11 @@ def _metric_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ranmt", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ranmt", description="Neural machine translation with pluggable attention: "
+        "Transformer, Recurrent Attention (RAN), hard-coded Gaussian, Random Synthesizer and "
+        "recurrent cross-attention.", epilog="Run `ranmt COMMAND --help` for a command's "
+        "options.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -250,8 +250,7 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
     train_split = load_split(data_dir, "train")
     valid_split = load_split(data_dir, "valid")
     references = raw_text(data_dir, "valid", "tgt")
-    src_lens = np.array([len(s) for s in train_split.src])
-    tgt_lens = np.array([len(t) for t in train_split.tgt])
+    src_lens, tgt_lens = train_split.lengths()
     too_long = (src_lens >= cfg.model.max_positions) | (tgt_lens >= cfg.model.max_positions)
     if too_long.any():
         # Data prepared with a larger --max-positions than the model's N: skip, and say so.

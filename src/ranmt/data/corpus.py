@@ -3,9 +3,9 @@
 A prepared-data directory holds:
 
 * ``spm.src.model`` / ``spm.tgt.model`` (identical files for a joint vocabulary);
-* ``SPLIT.safetensors`` per split with flat int32 ``src_tokens`` / ``tgt_tokens`` and int64
-  ``src_offsets`` / ``tgt_offsets`` (sentence i is ``tokens[offsets[i]:offsets[i+1]]``,
-  no BOS/EOS);
+* ``SPLIT.{src,tgt}.tokens.npy`` (flat int32 ids) and ``SPLIT.{src,tgt}.offsets.npy``
+  (int64; sentence i is ``tokens[offsets[i]:offsets[i+1]]``, no BOS/EOS), memory-mapped when
+  loaded (data written by ranmt 0.1's first format, ``SPLIT.safetensors``, is still read);
 * ``SPLIT.src.txt`` / ``SPLIT.tgt.txt``: the raw text of the kept pairs (references);
 * ``meta.json``: languages, counts, dropped pairs, mean lengths, gamma = mean source /
   mean target subword length over the training data (for hard-coded cross-attention).
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ranmt.data.text import read_lines, write_lines
 from ranmt.data.vocab import Vocab, train_sentencepiece
@@ -43,48 +43,88 @@ def read_parallel(prefix: str, src: str, tgt: str, errors: str = "strict"):
     return [s.strip() for s in src_lines], [t.strip() for t in tgt_lines]
 
 
+class TokenSequences(Sequence):
+    """Sentences stored flat: sentence i is ``flat[offsets[i]:offsets[i+1]]``, a view.
+
+    With memory-mapped arrays nothing is read until a sentence is used, so every training
+    process shares one copy of the data through the page cache.
+    """
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+        self.flat, self.offsets = flat, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.flat[self.offsets[index]: self.offsets[index + 1]]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(np.asarray(self.offsets))
+
+
 @dataclass
 class EncodedSplit:
-    src: list[np.ndarray]
-    tgt: list[np.ndarray]
+    src: Sequence
+    tgt: Sequence
 
     def __len__(self) -> int:
         return len(self.src)
 
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """(source lengths, target lengths), without EOS."""
+        def of(seqs) -> np.ndarray:
+            if isinstance(seqs, TokenSequences):
+                return seqs.lengths()
+            return np.array([len(s) for s in seqs], dtype=np.int64)
 
-def _pack(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
-    offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
-    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+        return of(self.src), of(self.tgt)
+
+
+def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(s) for s in seqs])
+    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
 
 
-def _unpack(flat: torch.Tensor, offsets: torch.Tensor) -> list[np.ndarray]:
-    array = flat.numpy()
-    bounds = offsets.tolist()
-    return [array[bounds[i]: bounds[i + 1]] for i in range(len(bounds) - 1)]
-
-
 def save_split(path: Path, src: list[list[int]], tgt: list[list[int]]) -> None:
-    src_flat, src_off = _pack(src)
-    tgt_flat, tgt_off = _pack(tgt)
-    save_file({"src_tokens": src_flat, "src_offsets": src_off, "tgt_tokens": tgt_flat,
-               "tgt_offsets": tgt_off}, str(path))
+    """Write ``SPLIT.{src,tgt}.{tokens,offsets}.npy`` (``path`` is ``DIR/SPLIT``)."""
+    for side, seqs in (("src", src), ("tgt", tgt)):
+        flat, offsets = _pack(seqs)
+        np.save(f"{path}.{side}.tokens.npy", flat)
+        np.save(f"{path}.{side}.offsets.npy", offsets)
 
 
 def load_split(data_dir: str | Path, split: str) -> EncodedSplit:
-    path = Path(data_dir) / f"{split}.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found; splits in {data_dir}: "
-                                f"{', '.join(available_splits(data_dir))}")
-    tensors = load_file(str(path))
-    return EncodedSplit(_unpack(tensors["src_tokens"], tensors["src_offsets"]),
-                        _unpack(tensors["tgt_tokens"], tensors["tgt_offsets"]))
+    """An encoded split, memory-mapped (``.npy``; ``.safetensors`` of older data is read)."""
+    base = Path(data_dir) / split
+    if Path(f"{base}.src.tokens.npy").is_file():
+        sides = [TokenSequences(np.load(f"{base}.{side}.tokens.npy", mmap_mode="r"),
+                                np.load(f"{base}.{side}.offsets.npy", mmap_mode="r"))
+                 for side in ("src", "tgt")]
+        return EncodedSplit(*sides)
+    legacy = Path(f"{base}.safetensors")
+    if legacy.is_file():
+        tensors = load_file(str(legacy))
+        return EncodedSplit(
+            TokenSequences(tensors["src_tokens"].numpy(), tensors["src_offsets"].numpy()),
+            TokenSequences(tensors["tgt_tokens"].numpy(), tensors["tgt_offsets"].numpy()))
+    raise FileNotFoundError(f"split '{split}' not found in {data_dir}; splits there: "
+                            f"{', '.join(available_splits(data_dir)) or 'none'}")
 
 
 def available_splits(data_dir: str | Path) -> list[str]:
-    return sorted(p.name[: -len(".safetensors")] for p in Path(data_dir).glob("*.safetensors"))
+    root = Path(data_dir)
+    names = {p.name[: -len(".src.tokens.npy")] for p in root.glob("*.src.tokens.npy")}
+    names |= {p.name[: -len(".safetensors")] for p in root.glob("*.safetensors")}
+    return sorted(names)
 
 
 def load_meta(data_dir: str | Path) -> dict:
@@ -173,7 +213,7 @@ def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab
             tgt_ids = [tgt_ids[i] for i in kept]
             src_lines = [src_lines[i] for i in kept]
             tgt_lines = [tgt_lines[i] for i in kept]
-        save_split(tmp / f"{name}.safetensors", src_ids, tgt_ids)
+        save_split(tmp / name, src_ids, tgt_ids)
         write_lines(tmp / f"{name}.src.txt", src_lines)
         write_lines(tmp / f"{name}.tgt.txt", tgt_lines)
         src_mean = float(np.mean([len(s) for s in src_ids])) if src_ids else 0.0

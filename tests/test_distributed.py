@@ -80,3 +80,18 @@ def test_compile_gives_the_same_losses_as_eager(reverse_data, tmp_path):
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert len(eager) == 5
     assert compiled == pytest.approx(eager, rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_training_on_cuda(reverse_data, tmp_path):
+    values = {"model.preset": "tiny", "train.max_steps": "60", "train.lr": "0.003",
+              "train.warmup_steps": "20", "train.precision": "bf16", "train.device": "cuda",
+              "train.validate_bleu": "false", "train.progress": "false",
+              "train.tensorboard": "false", "train.log_every": "20"}
+    summary = train(load_config(None, values), reverse_data, tmp_path / "run")
+    assert summary["steps"] == 60 and summary["nonfinite_skipped"] == 0
+    losses = [float(line.split("loss ")[1].split()[0])
+              for line in (tmp_path / "run" / "train.log").read_text().splitlines()
+              if line.startswith("step ")]
+    assert losses[-1] < losses[0]

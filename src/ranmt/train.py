@@ -36,7 +36,7 @@ from ranmt.checkpoint import (
     save_checkpoint,
 )
 from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
-from ranmt.data.batching import batch_from_split, make_batches
+from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches
 from ranmt.data.corpus import load_meta, load_split, raw_text
 from ranmt.data.vocab import PAD, Vocab
 from ranmt.distributed import (
@@ -354,101 +354,112 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
             # One optimizer step consumes world_size x accumulation consecutive batches;
             # rank r takes every world_size-th of them (a disjoint shard of the epoch).
             per_step = ctx.world_size * t.accumulation
-            while len(batches) - batch_index >= ctx.world_size:
-                group = batches[batch_index: batch_index + per_step][ctx.rank::ctx.world_size]
-                step_start = time.monotonic()
-                optimizer.zero_grad(set_to_none=True)
-                local_tokens = sum(int(sum(len(train_split.tgt[i]) + 1 for i in b))
-                                   for b in group)
-                group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
-                # DDP averages gradients over ranks: scale so the result is the sum of all
-                # ranks' losses over all their target tokens (equal to one big batch).
-                loss_scale = ctx.world_size / group_tokens
-                local_loss = local_nll = 0.0
-                for position, indices in enumerate(group):
-                    wait_start = time.monotonic()
-                    batch = batch_from_split(train_split, indices).to(device)
-                    data_wait += time.monotonic() - wait_start
-                    last = position == len(group) - 1
-                    # accumulate locally; all-reduce only with the group's last backward
-                    sync = contextlib.nullcontext() if (last or not ctx.enabled) \
-                        else ddp_model.no_sync()
-                    with sync:
-                        with torch.autocast(device.type, dtype=autocast_dtype,
-                                            enabled=autocast_dtype is not None):
-                            logits = step_model(batch.src, batch.tgt_in)
-                        loss, nll = label_smoothed_loss(logits, batch.tgt_out,
-                                                        t.label_smoothing)
-                        scaler.scale(loss * loss_scale).backward()
-                    local_loss += float(loss.detach())
-                    local_nll += float(nll)
-                group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
-                batch_index += min(per_step, len(batches) - batch_index)
-                if not math.isfinite(group_loss):
-                    trainer_state["nonfinite_skipped"] += 1
-                    nonfinite_in_a_row += 1
-                    log.line(f"step {step + 1}: non-finite loss, update skipped "
-                             f"({trainer_state['nonfinite_skipped']} so far, "
-                             f"{nonfinite_in_a_row} in a row)")
+            plan, position = [], batch_index
+            while len(batches) - position >= ctx.world_size:
+                plan.extend(batches[position: position + per_step][ctx.rank::ctx.world_size])
+                position += min(per_step, len(batches) - position)
+            prefetcher = BatchPrefetcher(train_split, plan)  # a worker builds the batches
+            try:
+                while len(batches) - batch_index >= ctx.world_size:
+                    group = batches[batch_index: batch_index + per_step][ctx.rank::ctx.world_size]
+                    step_start = time.monotonic()
                     optimizer.zero_grad(set_to_none=True)
-                    if scaler.is_enabled():
-                        scaler.update()
-                    if nonfinite_in_a_row >= t.max_nonfinite:
-                        stop_reason = (f"{nonfinite_in_a_row} non-finite losses in a row "
-                                       "(train.max_nonfinite); lower train.lr or check the data")
+                    local_tokens = sum(int(sum(len(train_split.tgt[i]) + 1 for i in b))
+                                       for b in group)
+                    group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
+                    # DDP averages gradients over ranks: scale so the result is the sum of all
+                    # ranks' losses over all their target tokens (equal to one big batch).
+                    loss_scale = ctx.world_size / group_tokens
+                    local_loss = local_nll = 0.0
+                    for position, indices in enumerate(group):
+                        wait_start = time.monotonic()
+                        batch = next(prefetcher)
+                        assert batch.indices is indices, "batch plan out of step"
+                        batch = batch.to(device)
+                        data_wait += time.monotonic() - wait_start
+                        last = position == len(group) - 1
+                        # accumulate locally; all-reduce only with the group's last backward
+                        sync = contextlib.nullcontext() if (last or not ctx.enabled) \
+                            else ddp_model.no_sync()
+                        with sync:
+                            with torch.autocast(device.type, dtype=autocast_dtype,
+                                                enabled=autocast_dtype is not None):
+                                logits = step_model(batch.src, batch.tgt_in)
+                            loss, nll = label_smoothed_loss(logits, batch.tgt_out,
+                                                            t.label_smoothing)
+                            scaler.scale(loss * loss_scale).backward()
+                        local_loss += float(loss.detach())
+                        local_nll += float(nll)
+                    group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
+                    batch_index += min(per_step, len(batches) - batch_index)
+                    if not math.isfinite(group_loss):
+                        trainer_state["nonfinite_skipped"] += 1
+                        nonfinite_in_a_row += 1
+                        log.line(f"step {step + 1}: non-finite loss, update skipped "
+                                 f"({trainer_state['nonfinite_skipped']} so far, "
+                                 f"{nonfinite_in_a_row} in a row)")
+                        optimizer.zero_grad(set_to_none=True)
+                        if scaler.is_enabled():
+                            scaler.update()
+                        if nonfinite_in_a_row >= t.max_nonfinite:
+                            stop_reason = (f"{nonfinite_in_a_row} non-finite losses in a "
+                                           "row (train.max_nonfinite); lower train.lr or "
+                                           "check the data")
+                            break
+                        continue
+                    nonfinite_in_a_row = 0
+                    lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
+                    for group_params in optimizer.param_groups:
+                        group_params["lr"] = lr
+                    scaler.unscale_(optimizer)
+                    if t.clip_norm > 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    step += 1
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    elapsed_step = time.monotonic() - step_start
+                    window["loss"] += group_loss
+                    window["nll"] += group_nll
+                    window["tokens"] += group_tokens
+                    window["time"] += elapsed_step
+                    window["steps"] += 1
+                    total_tokens += group_tokens
+                    total_train_time += elapsed_step
+                    progress.update(1)
+                    if step % t.log_every == 0:
+                        tok_s = window["tokens"] / max(window["time"], 1e-9)
+                        wait_share = data_wait / max(window["time"], 1e-9)
+                        loss_avg = window["loss"] / window["tokens"]
+                        ppl = math.exp(min(window["nll"] / window["tokens"], 50))
+                        log.line(f"step {step} epoch {epoch + 1} | loss {loss_avg:.4f} ppl "
+                                 f"{ppl:.2f} | lr {lr:.3e} | {tok_s:,.0f} tgt tok/s | data wait "
+                                 f"{100 * wait_share:.1f}%")
+                        log.scalars(step, {"train/loss": loss_avg, "train/ppl": ppl, "train/lr": lr,
+                                           "train/tokens_per_s": tok_s})
+                        progress.set_postfix(loss=f"{loss_avg:.3f}", lr=f"{lr:.2e}",
+                                             tok_s=f"{tok_s:,.0f}")
+                        window = {k: 0.0 if k != "tokens" else 0 for k in window}
+                        data_wait = 0.0
+                    elapsed = time.monotonic() - start_time
+                    # Every rank must take the same decision: combine the time/signal flags.
+                    out_of_time, signalled = all_reduce_sum(
+                        [float(bool(max_time) and elapsed >= max_time),
+                         float(stop_signal.received is not None)], ctx, device)
+                    if t.max_steps and step >= t.max_steps:
+                        stop_reason = f"max_steps={t.max_steps} reached"
+                    elif out_of_time:
+                        stop_reason = f"max_time={t.max_time} reached"
+                    elif signalled:
+                        stop_reason = f"{stop_signal.received or 'signal'} received"
+                    if step % t.validate_every == 0 and stop_reason is None:
+                        checkpoint(run_validation())
+                        last_validated = step
+                    if stop_reason is not None:
                         break
-                    continue
-                nonfinite_in_a_row = 0
-                lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
-                for group_params in optimizer.param_groups:
-                    group_params["lr"] = lr
-                scaler.unscale_(optimizer)
-                if t.clip_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                step += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                elapsed_step = time.monotonic() - step_start
-                window["loss"] += group_loss
-                window["nll"] += group_nll
-                window["tokens"] += group_tokens
-                window["time"] += elapsed_step
-                window["steps"] += 1
-                total_tokens += group_tokens
-                total_train_time += elapsed_step
-                progress.update(1)
-                if step % t.log_every == 0:
-                    tok_s = window["tokens"] / max(window["time"], 1e-9)
-                    wait_share = data_wait / max(window["time"], 1e-9)
-                    loss_avg = window["loss"] / window["tokens"]
-                    ppl = math.exp(min(window["nll"] / window["tokens"], 50))
-                    log.line(f"step {step} epoch {epoch + 1} | loss {loss_avg:.4f} ppl "
-                             f"{ppl:.2f} | lr {lr:.3e} | {tok_s:,.0f} tgt tok/s | data wait "
-                             f"{100 * wait_share:.1f}%")
-                    log.scalars(step, {"train/loss": loss_avg, "train/ppl": ppl, "train/lr": lr,
-                                       "train/tokens_per_s": tok_s})
-                    progress.set_postfix(loss=f"{loss_avg:.3f}", lr=f"{lr:.2e}",
-                                         tok_s=f"{tok_s:,.0f}")
-                    window = {k: 0.0 if k != "tokens" else 0 for k in window}
-                    data_wait = 0.0
-                elapsed = time.monotonic() - start_time
-                # Every rank must take the same decision: combine the time/signal flags.
-                out_of_time, signalled = all_reduce_sum(
-                    [float(bool(max_time) and elapsed >= max_time),
-                     float(stop_signal.received is not None)], ctx, device)
-                if t.max_steps and step >= t.max_steps:
-                    stop_reason = f"max_steps={t.max_steps} reached"
-                elif out_of_time:
-                    stop_reason = f"max_time={t.max_time} reached"
-                elif signalled:
-                    stop_reason = f"{stop_signal.received or 'signal'} received"
-                if step % t.validate_every == 0 and stop_reason is None:
-                    checkpoint(run_validation())
-                    last_validated = step
-                if stop_reason is not None:
-                    break
+            finally:
+                prefetcher.close()
             if stop_reason is None:
                 epoch += 1
                 batch_index = 0

@@ -103,3 +103,59 @@ def batch_from_split(split, indices: np.ndarray, max_positions: int | None = Non
     src = [split.src[i][:limit] for i in indices]
     tgt = [split.tgt[i][:limit] for i in indices]
     return collate(src, tgt, indices)
+
+
+class BatchPrefetcher:
+    """Collates batches in a background thread, ``depth`` ahead of the training loop.
+
+    ``plan`` lists the index arrays in the order the loop will consume them; iteration
+    yields the collated :class:`Batch` objects in that order. ``close()`` stops the worker
+    (the loop may stop early: time budget, signal).
+    """
+
+    def __init__(self, split, plan: list[np.ndarray], max_positions: int | None = None,
+                 depth: int = 8):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                for indices in plan:
+                    batch = batch_from_split(split, indices, max_positions)
+                    while not self._stop.is_set():
+                        try:
+                            self._queue.put(batch, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if self._stop.is_set():
+                        return
+            except BaseException as err:  # handed to the consumer
+                self._error = err
+            finally:
+                if not self._stop.is_set():
+                    self._queue.put(None)
+
+        self._thread = threading.Thread(target=work, name="ranmt-batches", daemon=True)
+        self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batch = self._queue.get()
+        if batch is None:
+            if self._error is not None:
+                raise self._error
+            raise StopIteration
+        return batch
+
+    def close(self) -> None:
+        self._stop.set()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._thread.join(timeout=5)

@@ -113,9 +113,11 @@ def _cmd_score(args) -> None:
         result = score(hyps[0][1], refs, metrics, args.lang, args.compound_split)
         if args.src:
             sources = read_lines(args.src)
-            result["bleu_by_source_length"] = bleu_by_length(hyps[0][1], refs, sources)
+            edges = tuple(args.length_edges)
+            result["bleu_by_source_length"] = bleu_by_length(hyps[0][1], refs, sources,
+                                                             edges=edges)
             result["bleu_by_reference_length"] = bleu_by_length(hyps[0][1], refs, sources,
-                                                                by="reference")
+                                                                by="reference", edges=edges)
         if args.json:
             print(json.dumps(result))
         else:
@@ -172,7 +174,7 @@ def _cmd_analyze(args) -> None:
     if args.max_sentences < 0:
         raise ValueError("--max-sentences must be >= 0")
     analyze(args.checkpoint, args.data, args.split, args.out, args.max_sentences, args.beam,
-            args.device, log=_info)
+            args.device, log=_info, histogram_layers=args.layers)
 
 
 def _cmd_experiment(args) -> None:
@@ -316,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hypothesis file; repeat: the first is the baseline")
     _metric_options(p)
     p.add_argument("--src", help="source file: adds BLEU by source/reference length bins")
+    p.add_argument("--length-edges", type=int, nargs="+", default=[0, 10, 20, 30, 40, 50, 60],
+                   help="lower edges of the length bins in words (default: seven bins)")
     p.add_argument("--lang", default="", help="target language (Moses tokenization)")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -338,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory for PNG files and JSON")
     p.add_argument("--max-sentences", type=int, default=0, help="first N sentences (0 = all)")
     p.add_argument("--beam", type=int, help="beam for the BLEU-by-bin translations")
+    p.add_argument("--layers", type=int, nargs="+",
+                   help="layers (1-based) drawn in the histograms (default: first, middle, last)")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_analyze)
 

@@ -189,7 +189,7 @@ def _bleu_bins(hyps: list[str], refs: list[str], values: list[float], edges) -> 
 
 def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
             out_dir: str | Path, max_sentences: int = 0, beam: int | None = None,
-            device: str = "auto", log=print) -> dict:
+            device: str = "auto", log=print, histogram_layers: list[int] | None = None) -> dict:
     """Analyse one or more systems; write ``analysis.json`` and the PNG figures to ``out_dir``."""
     from ranmt.analysis.plots import write_figures
 
@@ -232,7 +232,8 @@ def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
             system["offdiagonality_measured_on"] = reference_system["label"]
     for system in systems:
         del system["_hyps"]
-    result = {"split": split, "sentences": count, "systems": systems}
+    result = {"split": split, "sentences": count, "systems": systems,
+              "histogram_layers": histogram_layers}
     figures = write_figures(result, out_dir)
     result["figures"] = figures
     (out_dir / "analysis.json").write_text(json.dumps(result), encoding="utf-8")

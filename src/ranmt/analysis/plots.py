@@ -44,6 +44,9 @@ def _histograms(result: dict, out: Path) -> str:
     for row, name in enumerate(("encoder_self", "decoder_self")):
         layers = result["systems"][0]["attention"][name]["layers"]
         chosen = sorted({0, layers // 2, layers - 1})
+        if result.get("histogram_layers"):
+            chosen = sorted({min(max(layer - 1, 0), layers - 1)
+                             for layer in result["histogram_layers"]})[:3]
         for col in range(3):
             ax = axes[row][col]
             if col >= len(chosen):

@@ -31,7 +31,7 @@ def test_analyze_writes_every_figure_and_json(reverse_data, tmp_path):
     out = tmp_path / "analysis"
     main(["analyze", "--checkpoint", str(transf), "--checkpoint", str(ran), "--data",
           str(reverse_data), "--split", "test", "--out", str(out), "--max-sentences", "24",
-          "--beam", "2", "--device", "cpu"])
+          "--beam", "2", "--device", "cpu", "--layers", "1", "2"])
     result = json.loads((out / "analysis.json").read_text())
     assert [s["label"] for s in result["systems"]] == ["transf", "ran-all"]
     expected = {"entropy.png", "histograms.png", "js_divergence.png", "argmax_distance.png",

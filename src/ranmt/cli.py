@@ -201,6 +201,15 @@ def _cmd_benchmark(args) -> None:
                   args.device, log=_info)
 
 
+def _cmd_export(args) -> None:
+    from ranmt.export import export_hf_marian
+
+    if args.format != "hf-marian":
+        raise ValueError(f"unknown export format '{args.format}' (available: hf-marian)")
+    path = export_hf_marian(args.checkpoint, args.out)
+    _info(f"wrote a Hugging Face Marian model to {path}")
+
+
 def _cmd_info(args) -> None:
     from ranmt.checkpoint import load_checkpoint
     from ranmt.config import load_config, to_dict
@@ -375,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="benchmark", help="output directory")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_benchmark)
+
+    p = sub.add_parser("export", help="export a TransF checkpoint (Hugging Face Marian)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--format", default="hf-marian", help="hf-marian")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
     p.add_argument("--checkpoint")

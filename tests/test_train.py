@@ -95,3 +95,12 @@ def test_average_checkpoints(reverse_data, tmp_path):
         torch.testing.assert_close(state[key], (a[key] + b[key]) / 2)
     with pytest.raises(RuntimeError, match="fewer than"):
         average_checkpoints(tmp_path / "run", 5, tmp_path / "avg5")
+
+
+def test_early_stopping_after_patience(reverse_data, tmp_path):
+    # lr 0: the validation loss never improves after the first validation
+    cfg = _cfg(**{"train.lr": 0.0, "train.warmup_init_lr": 0.0, "train.max_steps": 50,
+                  "train.validate_every": 5, "train.patience": 2})
+    summary = train(cfg, reverse_data, tmp_path / "run")
+    assert summary["steps"] == 15 and "early stopping" in summary["stop_reason"]
+    assert summary["best_step"] == 5

@@ -2,7 +2,9 @@
 
 All systems are built in one process from the same config (only
 ``model.decoder.cross_attention`` differs), trained on the *same* batches, and timed
-interleaved (round-robin) so machine noise hits them alike. Prints, per variant, the median
+interleaved (round-robin) so machine noise hits them alike. The baseline runs twice, first
+and last in every round (``dot`` and ``dot'``): the gap between the two shows how much of a
+ratio is order effect or noise rather than the variant. Prints, per variant, the median
 step time and its ratio to the baseline (the paper's Table 2, last column, reports 5.4x-7.9x
 for its step-through-the-decoder implementation).
 
@@ -36,6 +38,7 @@ SYSTEMS = [
     ("expand-kv", {"model.recurrent_cross.expand_kv_variant": 4}),
     ("smooth-energy", {}),
     ("coverage-subtract", {}),
+    ("dot", {}),  # the baseline again, last in each round: shows order effects and noise
 ]
 
 
@@ -83,7 +86,10 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(cfg.model).to(device).train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        label = name + (f"-{extra['model.recurrent_cross.expand_kv_variant']}" if extra else "")
+        variant = extra.get("model.recurrent_cross.expand_kv_variant")
+        label = name + (f"-{variant}" if variant else "")
+        while label in [existing for existing, _, _ in systems]:
+            label += "'"  # a repeated system (e.g. the baseline again, as a noise control)
         systems.append((label, model, optimizer))
     batches = [b.to(device) for b in batches_for(args, vocab)]
 

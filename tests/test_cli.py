@@ -139,3 +139,14 @@ def test_save_load_translate_is_identical(arch, reverse_data, tmp_path):
                         torch.device("cpu")).translate(sentences)
     loaded = Translator.load(tmp_path / "ckpt", device="cpu").translate(sentences)
     assert direct == loaded
+
+
+def test_translate_nbest_output(untrained_run, tmp_path):
+    (tmp_path / "in.txt").write_text("a b c\nd e\n")
+    main(["translate", "--checkpoint", str(untrained_run), "--input", str(tmp_path / "in.txt"),
+          "--output", str(tmp_path / "out.txt"), "--beam", "3", "--nbest", "2",
+          "--device", "cpu"])
+    rows = [line.split("\t") for line in (tmp_path / "out.txt").read_text().splitlines()]
+    assert [row[0] for row in rows] == ["0", "0", "1", "1"]
+    for first, second in ((rows[0], rows[1]), (rows[2], rows[3])):
+        assert float(first[1]) >= float(second[1])  # best first

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ranmt.config import load_config
-from ranmt.data.batching import collate, make_batches
+from ranmt.data.batching import collate, make_batches, pad_sources
+from ranmt.decode import search
 from ranmt.model import build_model
 from ranmt.train import label_smoothed_loss
 from ranmt.translator import Translator, pick_device
@@ -70,21 +71,16 @@ def _inputs(systems, data: str | None, split: str, count: int, vocab_size: int
     return [rng.integers(4, vocab_size, rng.integers(6, 25)).tolist() for _ in range(count)]
 
 
-def decode_speed(translator_like, model, config, sources: list[list[int]], batch: int,
-                 beam: int, device: torch.device) -> tuple[float, float]:
+def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
+                 device: torch.device) -> tuple[float, float]:
     """(target tokens/s, sentences/s) for decoding ``sources``."""
-    from ranmt.decode import search
-
     decode = config.decode
     model.eval()
     generated = 0
     _sync(device)
     start = time.perf_counter()
-    order = make_batches(np.array([len(s) for s in sources]),
-                         np.array([len(s) for s in sources]), 10 ** 9, batch)
-    from ranmt.data.batching import pad_sources
-
-    for rows in order:
+    lengths = np.array([len(s) for s in sources])
+    for rows in make_batches(lengths, lengths, 10 ** 9, batch):
         src = pad_sources([sources[i] for i in rows]).to(device)
         hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
                       decode.max_len_b, 1)
@@ -167,8 +163,8 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
         for kind, batch, beam in settings:
             samples: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in systems}
             for repeat in range(repeats + 1):  # first round = warm-up
-                for label, translator, model, cfg in systems:
-                    value = decode_speed(translator, model, cfg, sources, batch, beam, device)
+                for label, _, model, cfg in systems:
+                    value = decode_speed(model, cfg, sources, batch, beam, device)
                     if repeat > 0:
                         samples[label].append(value)
             row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}

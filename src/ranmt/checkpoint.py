@@ -78,8 +78,7 @@ def save_checkpoint(directory: str | Path, model: Seq2Seq, config: Config, vocab
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model_cpu = model
-    save_model(model_cpu, str(tmp / "model.safetensors"))
+    save_model(model, str(tmp / "model.safetensors"))
     meta = {"format_version": FORMAT_VERSION, "config": to_dict(config),
             "trainer": trainer_state or {}}
     if optimizer is not None or extra_tensors:

@@ -128,20 +128,27 @@ def length_bins(lengths: list[int], edges=DEFAULT_LENGTH_EDGES) -> list[list[int
     return bins
 
 
+def bleu_by_bins(hyps: list[str], refs: list[str], values: list[float], edges,
+                 label) -> list[dict]:
+    """BLEU of each bin of ``values`` (see :func:`length_bins`); ``label(low, high)`` names a
+    bin (``high`` is None for the last, open-ended one)."""
+    out = []
+    for b, members in enumerate(length_bins(values, edges)):
+        high = edges[b + 1] if b + 1 < len(edges) else None
+        bleu = (BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]])
+                .score if members else None)
+        out.append({"bin": label(edges[b], high), "sentences": len(members), "bleu": bleu})
+    return out
+
+
 def bleu_by_length(hyps: list[str], refs: list[str], sources: list[str], by: str = "source",
                    edges=DEFAULT_LENGTH_EDGES) -> list[dict]:
     """BLEU per length bin of the source or the reference (length in whitespace words)."""
     if by not in ("source", "reference"):
         raise ScoreError("by must be source or reference")
     basis = sources if by == "source" else refs
-    out = []
-    for b, members in enumerate(length_bins([len(s.split()) for s in basis], edges)):
-        upper = edges[b + 1] if b + 1 < len(edges) else None
-        label = f"{edges[b]}-{upper - 1}" if upper is not None else f"{edges[b]}+"
-        bleu = (BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]])
-                .score if members else None)
-        out.append({"bin": label, "sentences": len(members), "bleu": bleu})
-    return out
+    return bleu_by_bins(hyps, refs, [len(s.split()) for s in basis], tuple(edges),
+                        lambda low, high: f"{low}-{high - 1}" if high is not None else f"{low}+")
 
 
 def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],

@@ -33,7 +33,7 @@ from sacrebleu.metrics import BLEU
 from ranmt.analysis.stats import argmax_distance, js_divergence, off_diagonality, row_entropy
 from ranmt.data.batching import batch_from_split, make_batches
 from ranmt.data.corpus import load_split, raw_text
-from ranmt.evaluate import bleu_by_length
+from ranmt.evaluate import bleu_by_bins, bleu_by_length
 from ranmt.model import PAD_ID
 from ranmt.translator import Translator
 
@@ -175,18 +175,6 @@ def learned_matrices(model, size: int = 80) -> dict:
     return out
 
 
-def _bleu_bins(hyps: list[str], refs: list[str], values: list[float], edges) -> list[dict]:
-    out = []
-    for b, low in enumerate(edges):
-        high = edges[b + 1] if b + 1 < len(edges) else 1.0 + 1e-9
-        members = [i for i, v in enumerate(values) if low <= v < high]
-        bleu = (BLEU().corpus_score([hyps[i] for i in members], [[refs[i] for i in members]])
-                .score if members else None)
-        out.append({"bin": f"{low:.1f}-{min(high, 1.0):.1f}", "sentences": len(members),
-                    "bleu": bleu})
-    return out
-
-
 def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
             out_dir: str | Path, max_sentences: int = 0, beam: int | None = None,
             device: str = "auto", log=print, histogram_layers: list[int] | None = None) -> dict:
@@ -227,8 +215,9 @@ def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
     if reference_system is not None:
         values = reference_system["attention"]["offdiagonality"]
         for system in systems:
-            system["bleu_by_offdiagonality"] = _bleu_bins(system["_hyps"], references[:count],
-                                                          values, OFFDIAG_EDGES)
+            system["bleu_by_offdiagonality"] = bleu_by_bins(
+                system["_hyps"], references[:count], values, OFFDIAG_EDGES,
+                lambda low, high: f"{low:.1f}-{1.0 if high is None else high:.1f}")
             system["offdiagonality_measured_on"] = reference_system["label"]
     for system in systems:
         del system["_hyps"]

@@ -102,6 +102,13 @@ def save_checkpoint(directory: str | Path, model: Seq2Seq, config: Config, vocab
     return directory
 
 
+def step_checkpoints(run: str | Path) -> list[Path]:
+    """Complete ``RUN/checkpoints/step_N`` directories, oldest first (a ``.tmp`` or ``.old``
+    left by a kill mid-write is not one)."""
+    return sorted(p.parent for p in (Path(run) / "checkpoints").glob("step_*/checkpoint.json")
+                  if re.fullmatch(r"step_\d{8}", p.parent.name))
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory (-> its best, else newest checkpoint), a checkpoint dir, or a file in it."""
     path = Path(path)
@@ -115,8 +122,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for name in ("best", "best.old"):
         if (path / name / "checkpoint.json").is_file():
             return path / name
-    steps = sorted(p.parent for p in (path / "checkpoints").glob("step_*/checkpoint.json")
-                   if re.fullmatch(r"step_\d{8}", p.parent.name))
+    steps = step_checkpoints(path)
     if steps:
         return steps[-1]
     raise CheckpointError(f"{path} holds no ranmt checkpoint (no checkpoint.json, best/ or "
@@ -181,8 +187,7 @@ def average_checkpoints(run: str | Path, last: int, out: str | Path) -> Path:
     run = Path(run)
     if last < 1:
         raise CheckpointError("--last must be >= 1")
-    steps = sorted(p.parent for p in (run / "checkpoints").glob("step_*/checkpoint.json")
-                   if re.fullmatch(r"step_\d{8}", p.parent.name))
+    steps = step_checkpoints(run)
     if len(steps) < last:
         raise CheckpointError(f"{run} holds {len(steps)} step checkpoint(s), fewer than "
                               f"--last {last} (raise train.keep_last to keep more)")

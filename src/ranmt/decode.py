@@ -51,7 +51,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     for step in range(int(caps.max()) + 1):
         logprobs = model.decode_step(prev, cache)  # (B, V)
         force_eos = step >= caps
-        logprobs[force_eos] = _only_eos(logprobs[force_eos])
+        if bool(force_eos.any()):
+            logprobs[force_eos] = _only_eos(logprobs[force_eos])
         best_score, best = logprobs.max(dim=-1)
         best = best.masked_fill(finished, PAD_ID)
         scores += best_score.masked_fill(finished, 0.0)

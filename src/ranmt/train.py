@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import shutil
 import signal
 import sys
@@ -34,6 +33,7 @@ from ranmt.checkpoint import (
     load_training_state,
     resolve_checkpoint,
     save_checkpoint,
+    step_checkpoints,
 )
 from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
 from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches
@@ -183,9 +183,7 @@ def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Tran
 
 
 def _latest_training_checkpoint(run_dir: Path) -> Path | None:
-    """Newest complete step directory (a ``.tmp`` left by a kill mid-write is ignored)."""
-    steps = sorted(p.parent for p in (run_dir / "checkpoints").glob("step_*/checkpoint.json")
-                   if re.fullmatch(r"step_\d{8}", p.parent.name))
+    steps = step_checkpoints(run_dir)
     return steps[-1] if steps else None
 
 
@@ -301,7 +299,7 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
             extra["cuda_rng"] = torch.cuda.get_rng_state(device)
         target = run_dir / "checkpoints" / f"step_{step:08d}"
         save_checkpoint(target, model, cfg, vocab_files, dict(trainer_state), optimizer, extra)
-        kept = sorted((run_dir / "checkpoints").glob("step_????????"))
+        kept = step_checkpoints(run_dir)
         for old in kept[: max(0, len(kept) - max(t.keep_last, 1))]:
             shutil.rmtree(old, ignore_errors=True)
         if valid_result is not None and trainer_state["best_step"] == step:
@@ -364,8 +362,7 @@ def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
                     group = batches[batch_index: batch_index + per_step][ctx.rank::ctx.world_size]
                     step_start = time.monotonic()
                     optimizer.zero_grad(set_to_none=True)
-                    local_tokens = sum(int(sum(len(train_split.tgt[i]) + 1 for i in b))
-                                       for b in group)
+                    local_tokens = sum(int((tgt_lens[b] + 1).sum()) for b in group)
                     group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
                     # DDP averages gradients over ranks: scale so the result is the sum of all
                     # ranks' losses over all their target tokens (equal to one big batch).

@@ -92,6 +92,15 @@ def reorder_cache(cache: dict, order: Tensor) -> None:
             cache[key] = value.index_select(0, order)
 
 
+def append_values(cache: dict, values: Tensor) -> Tensor:
+    """Value-only self-attention cache: append this step's values (B, H, 1, d_h) and return
+    all values so far (B, H, t+1, d_h)."""
+    if "v" in cache:
+        values = torch.cat([cache["v"], values], dim=2)
+    cache["v"] = values
+    return values
+
+
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """(B, T, d) -> (B, H, T, d/H)."""
     batch, length, dim = x.shape

@@ -28,6 +28,7 @@ from ranmt.attention.base import (
     Attention,
     AttentionSpec,
     AttnOutput,
+    append_values,
     build_mask,
     merge_heads,
     split_heads,
@@ -110,10 +111,7 @@ class GaussianAttention(Attention):
             values = cache["v"]
             q_offset = cache["step"]
         elif cache is not None:
-            values = split_heads(self.value_proj(memory), self.heads)
-            if "v" in cache:
-                values = torch.cat([cache["v"], values], dim=2)
-            cache["v"] = values  # value-only cache
+            values = append_values(cache, split_heads(self.value_proj(memory), self.heads))
             q_offset = cache["step"]
         else:
             values = split_heads(self.value_proj(memory), self.heads)  # (B, H, S, d_h)

@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, build_mask, merge_heads
+from ranmt.attention.base import (
+    Attention,
+    AttentionSpec,
+    AttnOutput,
+    append_values,
+    build_mask,
+    merge_heads,
+)
 from ranmt.attention.base import split_heads as _split
 
 
@@ -127,9 +134,7 @@ class LearnedMatrixAttention(Attention):
         """One decoder step: values (B, H, 1, d_h) of position t = cache["step"]."""
         step = cache["step"]
         self._check_length(step + 1)
-        if "v" in cache:
-            values = torch.cat([cache["v"], values], dim=2)
-        cache["v"] = values  # (B, H, t+1, d_h): the cache holds values only
+        values = append_values(cache, values)  # (B, H, t+1, d_h): values only
         probs = self.inference_causal_probs()[:, step, : step + 1].to(values.dtype)  # (H, t+1)
         context = torch.einsum("hs,bhsd->bhd", probs, values)[:, :, None]  # (B, H, 1, d_h)
         weights = None

@@ -68,15 +68,6 @@ class RecurrentCrossAttention(DotProductAttention):
     def _softmax(self, scores: Tensor, allowed: Tensor) -> Tensor:
         return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
 
-    def _project_keys_values(self, memory: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
-        if cache is not None:
-            if "k" not in cache:
-                cache["k"] = split_heads(self.k_proj(memory), self.heads)
-                cache["v"] = split_heads(self.v_proj(memory), self.heads)
-            return cache["k"], cache["v"]
-        return split_heads(self.k_proj(memory), self.heads), split_heads(self.v_proj(memory),
-                                                                         self.heads)
-
     def run_steps(self, energies: Tensor, queries: Tensor, keys: Tensor, values: Tensor,
                   allowed: Tensor, state: dict) -> tuple[Tensor, Tensor, dict]:
         """All target steps: energies (B, H, T, S) -> weights (B, H, T, S'),
@@ -93,7 +84,7 @@ class RecurrentCrossAttention(DotProductAttention):
                 cache=None, need_weights=False) -> AttnOutput:
         batch = query.shape[0]
         queries = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_k)
-        keys, values = self._project_keys_values(memory, cache)  # (B, H, S, d_k)
+        keys, values = self._keys_values(memory, cache)  # (B, H, S, d_k), cached once
         energies = queries @ keys.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, S)
         if key_padding_mask is None:
             allowed = torch.ones(batch, 1, keys.shape[2], dtype=torch.bool, device=query.device)

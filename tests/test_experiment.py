@@ -90,3 +90,32 @@ def test_every_shipped_experiment_config_is_valid():
             overrides = {**experiment.overrides, **variant.get("overrides", {})}
             load_config(root / experiment.base_config,
                         {k: str(v) for k, v in overrides.items()})
+
+
+def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_path):
+    """A cell locked by a live worker is skipped (partial tables); a dead worker's lock is
+    taken over and the last worker writes the complete tables."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    path = _grid(tmp_path)
+    exp = tmp_path / "exp"
+    lock = exp / "runs/reverse/RAN-ALL/seed1/lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"{socket.gethostname()} {os.getppid()}")  # a live process, not us
+    main(["experiment", str(path)])
+    results = json.loads((exp / "results.json").read_text())
+    assert results["complete"] is False and [c["variant"] for c in results["cells"]] == ["TransF"]
+    assert (exp / "results.md").read_text().startswith("> Partial: 1 of 2 cells")
+    assert lock.is_file()  # not ours to remove
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    lock.write_text(f"{socket.gethostname()} {dead}")
+    main(["experiment", str(path)])
+    results = json.loads((exp / "results.json").read_text())
+    assert results["complete"] is True
+    assert [c["variant"] for c in results["cells"]] == ["TransF", "RAN-ALL"]
+    assert not lock.exists() and "Partial" not in (exp / "results.md").read_text()

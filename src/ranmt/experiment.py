@@ -6,7 +6,14 @@ validation, translate every test set (timed), score it; a finished cell writes
 ``cell.json`` and is never recomputed. Finally ``results.md`` (one table per test set in the
 layout of the RAN paper's Table 1: metric rows, variant columns, delta to the baseline in
 parentheses, † for p < 0.01 by paired bootstrap against the baseline) and ``results.json``
-(every number, sacreBLEU signatures, the config and the git commit) are written.
+(every number, sacreBLEU signatures, the config and the git commit) are written, and
+rewritten after every cell so that a long grid shows its finished cells early.
+
+Several workers may run the same grid at once (one per GPU, or one per pinned CPU core):
+start ``ranmt experiment CONFIG.yaml`` several times. A worker claims a cell with a lock
+file (``cell_dir/lock``, holding host and pid) and skips cells another live worker holds;
+a lock left by a dead process is taken over, and the cell resumes from its checkpoint.
+Whichever worker finishes last writes the complete tables.
 
 Experiment file (YAML)::
 
@@ -32,6 +39,8 @@ Experiment file (YAML)::
 from __future__ import annotations
 
 import json
+import os
+import socket
 import statistics
 import subprocess
 import time
@@ -296,37 +305,124 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), results
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def claim(lock: Path) -> bool:
+    """Take ``lock`` for this process; False if another live process on this host holds it.
+
+    A lock from a dead process (or an unreadable one) is stale and taken over. Locks from
+    another host are respected (no way to check them), so remove those by hand if needed.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                host, pid = lock.read_text(encoding="utf-8").split()
+                holder_alive = host != socket.gethostname() or _pid_alive(int(pid))
+            except (OSError, ValueError):
+                holder_alive = False
+            if holder_alive:
+                return f"{host} {pid}" == me
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(me)
+        return True
+    return False
+
+
+def release(lock: Path) -> None:
+    lock.unlink(missing_ok=True)
+
+
+def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
+    """Every finished cell of the grid on disk (written by any worker), in grid order."""
+    cells = []
+    for dataset, variant, seed in grid:
+        cell_file = (experiment.out / "runs" / dataset.name / variant["name"] / f"seed{seed}"
+                     / "cell.json")
+        if cell_file.is_file():
+            cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
+    return cells
+
+
+def write_results(experiment: Experiment, grid: list, log=print) -> dict:
+    """(Re)write results.md and results.json from the finished cells on disk."""
+    cells = _read_cells(experiment, grid)
+    markdown, results = build_tables(experiment, cells)
+    if len(cells) < len(grid):
+        markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
+                    "`ranmt experiment` to complete the grid.\n\n" + markdown)
+    results.update({"commit": _git_commit(), "experiment_file": str(experiment.path),
+                    "experiment_config": yaml.safe_load(experiment.path.read_text()),
+                    "complete": len(cells) == len(grid), "cells": cells})
+    root = experiment.out
+    (root / "results.md").write_text(markdown, encoding="utf-8")
+    (root / "results.json").write_text(json.dumps(results, indent=1, default=str),
+                                       encoding="utf-8")
+    log(f"wrote {root / 'results.md'} and {root / 'results.json'} "
+        f"({len(cells)}/{len(grid)} cells)")
+    return results
+
+
+def _prepare_once(dataset: Dataset, root: Path, log) -> Path:
+    """prepare_dataset under a lock, so that concurrent workers prepare a dataset once."""
+    lock = root / "data" / f"{dataset.name}.lock"
+    while not claim(lock):
+        if (root / "data" / dataset.name / "meta.json").is_file():
+            return root / "data" / dataset.name
+        time.sleep(2.0)
+    try:
+        return prepare_dataset(dataset, root, log)
+    finally:
+        release(lock)
+
+
 def run_experiment(path: str | Path, log=print) -> dict:
-    """Run (or resume) the whole grid; return the results dict."""
+    """Run (or resume) the whole grid, cooperating with other workers; return the results."""
     experiment = load_experiment(path)
     root = experiment.out
     root.mkdir(parents=True, exist_ok=True)
     grid = [(d, v, s) for d in experiment.datasets for v in experiment.variants
             for s in experiment.seeds]
-    cells, durations = [], []
+    durations, elsewhere = [], []
     for index, (dataset, variant, seed) in enumerate(grid, 1):
-        data_dir = prepare_dataset(dataset, root, log)
+        data_dir = _prepare_once(dataset, root, log)
         cell_dir = root / "runs" / dataset.name / variant["name"] / f"seed{seed}"
         cell_file = cell_dir / "cell.json"
         label = f"cell {index}/{len(grid)}: {dataset.name} / {variant['name']} / seed {seed}"
         if cell_file.is_file():
             log(f"{label}: done, reusing {cell_file}")
-            cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
             continue
-        remaining = len(grid) - index + 1
-        eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
-               f"{remaining} cells left" if durations else "")
-        log(f"{label}: running{eta}")
-        start = time.monotonic()
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        cells.append(run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log))
-        durations.append(time.monotonic() - start)
-    markdown, results = build_tables(experiment, cells)
-    results.update({"commit": _git_commit(), "experiment_file": str(experiment.path),
-                    "experiment_config": yaml.safe_load(experiment.path.read_text()),
-                    "cells": cells})
-    (root / "results.md").write_text(markdown, encoding="utf-8")
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str),
-                                       encoding="utf-8")
-    log(f"wrote {root / 'results.md'} and {root / 'results.json'}")
-    return results
+        if not claim(cell_dir / "lock"):
+            log(f"{label}: another worker is running it, skipping")
+            elsewhere.append(label)
+            continue
+        try:
+            if cell_file.is_file():  # finished by another worker just before we claimed it
+                continue
+            remaining = len(grid) - index + 1
+            eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
+                   f"{remaining} cells left (this worker)" if durations else "")
+            log(f"{label}: running{eta}")
+            start = time.monotonic()
+            run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)
+            durations.append(time.monotonic() - start)
+        finally:
+            release(cell_dir / "lock")
+        write_results(experiment, grid, log)
+    if elsewhere:
+        log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
+            "to finish writes the complete tables")
+    return write_results(experiment, grid, log)

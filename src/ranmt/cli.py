@@ -202,12 +202,17 @@ def _cmd_benchmark(args) -> None:
 
 
 def _cmd_export(args) -> None:
-    from ranmt.export import export_hf_marian
+    from ranmt.export import export_ctranslate2, export_hf_marian
 
-    if args.format != "hf-marian":
-        raise ValueError(f"unknown export format '{args.format}' (available: hf-marian)")
-    path = export_hf_marian(args.checkpoint, args.out)
-    _info(f"wrote a Hugging Face Marian model to {path}")
+    if args.format == "hf-marian":
+        path = export_hf_marian(args.checkpoint, args.out)
+        _info(f"wrote a Hugging Face Marian model to {path}")
+    elif args.format == "ctranslate2":
+        path = export_ctranslate2(args.checkpoint, args.out, args.quantization)
+        _info(f"wrote a CTranslate2 model to {path}")
+    else:
+        raise ValueError(f"unknown export format '{args.format}' "
+                         "(available: hf-marian, ctranslate2)")
 
 
 def _cmd_info(args) -> None:
@@ -387,7 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a TransF checkpoint (Hugging Face Marian)")
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--format", default="hf-marian", help="hf-marian")
+    p.add_argument("--format", default="hf-marian", choices=["hf-marian", "ctranslate2"],
+                   help="hf-marian (post-norm TransF only) or ctranslate2 (any TransF)")
+    p.add_argument("--quantization", default=None,
+                   help="ctranslate2 only: weight type, e.g. int8, float16 (default float32)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_cmd_export)
 

@@ -1,4 +1,9 @@
-"""``ranmt export --format hf-marian``: a TransF checkpoint as a Hugging Face Marian model.
+"""``ranmt export``: a TransF checkpoint as a Hugging Face Marian model or a CTranslate2 model.
+
+``--format ctranslate2`` builds CTranslate2's ``TransformerSpec`` directly from the ranmt
+weights, so pre-norm and post-norm models, sinusoidal or learned positions, tied or untied
+output all export; the exported model scores sentences with the same log-probabilities as
+ranmt (tested). ``--format hf-marian`` is described below.
 
 The exported model computes the same logits as ranmt (tested), so it can be decoded by
 Hugging Face ``generate`` or converted with CTranslate2's Transformers converter for
@@ -154,4 +159,129 @@ def export_hf_marian(checkpoint: str | Path, out: str | Path) -> Path:
         {"tokenizer_class": "MarianTokenizer", "model_max_length": cfg.model.max_positions,
          "source_lang": "", "target_lang": "", "pad_token": "<pad>", "eos_token": "</s>",
          "unk_token": "<unk>"}), encoding="utf-8")
+    return out
+
+
+# ------------------------------------------------------------------------------ CTranslate2
+def _check_ctranslate2_exportable(cfg) -> None:
+    m = cfg.model
+    problems = []
+    names = {m.encoder.self_attention, m.decoder.self_attention, m.decoder.cross_attention}
+    if names != {"dot"} or m.decoder.cross_attention_layers != "all" \
+            or m.decoder.cross_attention_heads not in (0, m.heads):
+        problems.append("every attention must be multi-head dot-product (model.arch=transf)")
+    for side in ("encoder", "decoder"):
+        if (getattr(m, side).positions or m.positions) == "none":
+            problems.append(f"{side} needs position embeddings")
+    if not m.ffn:
+        problems.append("needs FFN layers")
+    if m.activation not in ("relu", "gelu"):
+        problems.append(f"activation {m.activation} has no CTranslate2 equivalent")
+    if problems:
+        raise ExportError("cannot export to ctranslate2: " + "; ".join(problems))
+
+
+def ctranslate2_spec(model, cfg, src_pieces: list[str], tgt_pieces: list[str]):
+    """A ``ctranslate2.specs.TransformerSpec`` holding the weights of a ranmt TransF model."""
+    try:
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        raise ExportError("exporting to CTranslate2 needs it: pip install ctranslate2") from None
+    _check_ctranslate2_exportable(cfg)
+    m = cfg.model
+    activation = {"relu": common_spec.Activation.RELU,
+                  "gelu": common_spec.Activation.GELU}[m.activation]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (m.encoder.layers, m.decoder.layers), m.heads, pre_norm=m.norm == "pre",
+        activation=activation)
+
+    def weight(t: torch.Tensor):
+        return t.detach().float().cpu().numpy().copy()
+
+    def linear(target, module, bias: bool = True) -> None:
+        target.weight = weight(module.weight)
+        if bias and getattr(module, "bias", None) is not None:
+            target.bias = weight(module.bias)
+
+    def fused(target, modules) -> None:  # one Linear computing several projections
+        target.weight = weight(torch.cat([mod.weight for mod in modules], 0))
+        target.bias = weight(torch.cat([mod.bias for mod in modules], 0))
+
+    def norm(target, layer_norm) -> None:
+        target.gamma = weight(layer_norm.weight)
+        target.beta = weight(layer_norm.bias)
+
+    def inputs(target, embedder) -> None:
+        embeddings = target.embeddings  # the encoder holds a list (several source factors)
+        embeddings = embeddings[0] if isinstance(embeddings, list) else embeddings
+        embeddings.weight = weight(embedder.tokens.weight)
+        target.scale_embeddings = True
+        target.position_encodings.encodings = weight(embedder.positions(m.max_positions, 0))
+
+    encoder, decoder = model.encoder, model.decoder
+    inputs(spec.encoder, encoder.embedder)
+    inputs(spec.decoder, decoder.embedder)
+    pre = m.norm == "pre"
+    if pre:
+        norm(spec.encoder.layer_norm, encoder.final_norm)
+        norm(spec.decoder.layer_norm, decoder.final_norm)
+    for ours, theirs in zip(encoder.layers, spec.encoder.layer):
+        attention = ours.self_attention
+        fused(theirs.self_attention.linear[0], [attention.q_proj, attention.k_proj,
+                                                attention.v_proj])
+        linear(theirs.self_attention.linear[1], attention.out_proj)
+        norm(theirs.self_attention.layer_norm, ours.attn_sub.norm)
+        linear(theirs.ffn.linear_0, ours.ffn.fc1)
+        linear(theirs.ffn.linear_1, ours.ffn.fc2)
+        norm(theirs.ffn.layer_norm, ours.ffn_sub.norm)
+    for ours, theirs in zip(decoder.layers, spec.decoder.layer):
+        attention, cross = ours.self_attention, ours.cross_attention
+        fused(theirs.self_attention.linear[0], [attention.q_proj, attention.k_proj,
+                                                attention.v_proj])
+        linear(theirs.self_attention.linear[1], attention.out_proj)
+        norm(theirs.self_attention.layer_norm, ours.self_sub.norm)
+        linear(theirs.attention.linear[0], cross.q_proj)
+        fused(theirs.attention.linear[1], [cross.k_proj, cross.v_proj])
+        linear(theirs.attention.linear[2], cross.out_proj)
+        norm(theirs.attention.layer_norm, ours.cross_sub.norm)
+        linear(theirs.ffn.linear_0, ours.ffn.fc1)
+        linear(theirs.ffn.linear_1, ours.ffn.fc2)
+        norm(theirs.ffn.layer_norm, ours.ffn_sub.norm)
+    spec.decoder.projection.weight = weight(
+        decoder.embedder.tokens.weight if decoder.output is None else decoder.output.weight)
+    spec.config.layer_norm_epsilon = encoder.layers[0].ffn_sub.norm.eps
+    spec.config.decoder_start_token = tgt_pieces[2]  # BOS
+    spec.config.add_source_eos = True  # ranmt's encoder reads the source with EOS
+    spec.register_source_vocabulary(src_pieces)
+    spec.register_target_vocabulary(tgt_pieces)
+    return spec
+
+
+def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str | None = None
+                       ) -> Path:
+    """Write a CTranslate2 model directory (model.bin, vocabularies, config.json)."""
+    try:
+        from ctranslate2.converters.converter import Converter
+    except ImportError:
+        raise ExportError("exporting to CTranslate2 needs it: pip install ctranslate2") from None
+    from ranmt.data.vocab import Vocab
+
+    model, cfg, _, directory = load_checkpoint(checkpoint)
+    model.eval()
+
+    def pieces(path: Path) -> list[str]:
+        processor = Vocab(path).processor
+        return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+    spec = ctranslate2_spec(model, cfg, pieces(directory / "spm.src.model"),
+                            pieces(directory / "spm.tgt.model"))
+
+    class _RanmtConverter(Converter):
+        def _load(self):
+            return spec
+
+    out = Path(out)
+    _RanmtConverter().convert(str(out), quantization=quantization, force=True)
+    shutil.copyfile(directory / "spm.src.model", out / "source.spm")
+    shutil.copyfile(directory / "spm.tgt.model", out / "target.spm")
     return out

@@ -76,3 +76,45 @@ def test_scores_are_normalised_log_probabilities():
         logprobs = torch.log_softmax(model(src, tgt), -1).gather(-1, out[..., None]).sum()
     assert score == pytest.approx(float(logprobs) / length_penalty(len(tokens) + 1, 0.6),
                                   abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "sh-x"])
+def test_grouped_cross_cache_equals_expanded_cache(arch, monkeypatch):
+    """Fast path: beam search with the memory side of the cache kept per sentence gives the
+    hypotheses and scores of the reference path (memory expanded to every beam row)."""
+    model, _ = tiny_model(seed=3, **{"model.arch": arch})
+    src, _ = random_batch(batch=6, seed=3)
+    fast = beam_search(model, src, beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=4)
+    memory, pad_mask, _ = model.encode(src)
+    assert model.init_cache(memory, pad_mask, group=4)["group"] == 4
+    for layer in model.decoder.layers:
+        if layer.cross_attention is not None:
+            monkeypatch.setattr(layer.cross_attention, "grouped_memory", False)
+    assert model.init_cache(memory, pad_mask, group=4)["group"] == 1
+    reference = beam_search(model, src, beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4,
+                            nbest=4)
+    assert [[h[0] for h in hyps] for hyps in fast] == [[h[0] for h in hyps] for hyps in reference]
+    for hyps_fast, hyps_ref in zip(fast, reference):
+        assert [h[1] for h in hyps_fast] == pytest.approx([h[1] for h in hyps_ref], abs=1e-5)
+
+
+def test_grouped_cache_step_logprobs_and_sentence_drop():
+    """decode_step on a grouped cache equals the expanded cache, also after a reorder that
+    shuffles beams and drops a sentence; mixed groups are refused."""
+    model, _ = tiny_model(seed=4)
+    src, _ = random_batch(batch=3, seed=4)
+    memory, pad_mask, _ = model.encode(src)
+    expand = torch.arange(3).repeat_interleave(2)
+    grouped = model.init_cache(memory, pad_mask, group=2)
+    flat = model.init_cache(memory.index_select(0, expand), pad_mask.index_select(0, expand))
+    prev = torch.tensor([[2]] * 6)
+    for order in (torch.tensor([1, 0, 2, 2, 5, 4]), torch.tensor([5, 4, 0, 0])):
+        torch.testing.assert_close(model.decode_step(prev, grouped),
+                                   model.decode_step(prev, flat))
+        model.reorder_cache(grouped, order)
+        model.reorder_cache(flat, order)
+        prev = torch.randint(4, 20, (order.numel(), 1))
+    assert grouped["memory"].shape[0] == 2  # sentences 2 and 0 are left
+    torch.testing.assert_close(model.decode_step(prev, grouped), model.decode_step(prev, flat))
+    with pytest.raises(ValueError, match="one sentence"):
+        model.reorder_cache(grouped, torch.tensor([0, 2, 1, 3]))

@@ -90,9 +90,9 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     batch = src.shape[0]
     memory, pad_mask, _ = model.encode(src)
     caps_all = max_lengths(src, max_len_a, max_len_b, limit)
-    # Expand every sentence to `beam` rows: row b*beam + k is beam k of sentence b.
-    expand = torch.arange(batch, device=device).repeat_interleave(beam)
-    cache = model.init_cache(memory.index_select(0, expand), pad_mask.index_select(0, expand))
+    # Every sentence has `beam` decoder rows: row b*beam + k is beam k of sentence b; the
+    # memory side of the cache stays per sentence where the cross-attention allows it.
+    cache = model.init_cache(memory, pad_mask, group=beam)
     active = torch.arange(batch, device=device)  # sentence ids still decoding
     beam_scores = torch.full((batch, beam), float("-inf"), device=device)
     beam_scores[:, 0] = 0.0  # all beams start identical: only the first is alive
@@ -109,10 +109,15 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         force = step >= caps
         if bool(force.any()):
             logprobs[force] = _only_eos(logprobs[force])
-        candidates = (beam_scores.view(-1, 1) + logprobs).view(n_active, beam * vocab)
-        top_scores, top_ids = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (n, 2k)
-        top_beams = torch.div(top_ids, vocab, rounding_mode="floor")
-        top_tokens = top_ids % vocab
+        # The best 2k extensions of a sentence are among the best 2k tokens of each of its
+        # beams (adding a beam's score does not reorder its row), so select per row first
+        # and then among beam * 2k candidates: no (beam x V) sum and no top-k over it.
+        width = min(2 * beam, vocab)
+        row_scores, row_tokens = logprobs.topk(width, dim=1)  # (n*beam, 2k)
+        candidates = (beam_scores.view(-1, 1) + row_scores).view(n_active, beam * width)
+        top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (n, 2k)
+        top_beams = torch.div(top_ids, width, rounding_mode="floor")
+        top_tokens = row_tokens.view(n_active, beam * width).gather(1, top_ids)
 
         # Move everything needed for bookkeeping to the CPU once per step.
         top_scores_c, top_beams_c = top_scores.tolist(), top_beams.tolist()

@@ -66,6 +66,10 @@ class Attention(nn.Module):
     """True when the weights do not depend on the input (RAN, Syn-R, hard-coded)."""
     normalized = True
     """True when every row of the returned weights sums to 1."""
+    grouped_memory = False
+    """True when, in incremental decoding, the module accepts a memory of B/g sentences for
+    B query rows (g consecutive rows per sentence: the beams) and keeps its cache per
+    sentence; the decoder then never copies the memory side of the cache between beams."""
 
     def initial_state(self) -> Any:
         """State handed to the first layer of a stack (None unless the variant has one)."""

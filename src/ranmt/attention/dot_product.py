@@ -6,6 +6,9 @@ when weights are requested a naive path computes them explicitly (same numbers).
 
 Incremental decoding: self-attention appends this step's key/value to ``cache["k"]`` /
 ``cache["v"]`` (B, H, t, d_h); cross-attention projects the memory once into the cache.
+In beam search, cross-attention keeps one copy of the keys/values per *sentence* (n, H, S,
+d_h) for the n * beam query rows: the beam's queries of a sentence attend to its keys as one
+(beam x S) product, so the cross cache is never copied when beams are reordered.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class DotProductAttention(Attention):
         self.heads = spec.heads
         self.dropout = spec.dropout
         self.is_cross = spec.role == "cross"
+        self.grouped_memory = self.is_cross
         d = spec.d_model
         self.q_proj = nn.Linear(d, d)
         self.k_proj = nn.Linear(d, d)
@@ -64,7 +68,9 @@ class DotProductAttention(Attention):
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
                 cache=None, need_weights=False) -> AttnOutput:
         q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
-        k, v = self._keys_values(memory, cache)  # (B, H, S, d_h)
+        k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
+        if self.is_cross and k.shape[0] != q.shape[0]:
+            return self._grouped(q, k, v, key_padding_mask, need_weights, state)
         q_len, k_len = q.shape[2], k.shape[2]
         # In incremental self-attention the single query sits at the last key position,
         # so causality is automatic; in full passes the mask is built from positions.
@@ -84,3 +90,26 @@ class DotProductAttention(Attention):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                                      dropout_p=dropout_p)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, state)
+
+    def _grouped(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None,
+                 need_weights: bool, state) -> AttnOutput:
+        """Cross-attention of B = n * g query rows (g per sentence, one step: T = 1) against
+        keys/values of the n sentences (n, H, S, d_h): the g queries of a sentence become
+        the query length of one attention call."""
+        rows, heads, _, head_dim = q.shape
+        sentences = k.shape[0]
+        group = rows // sentences
+        q = q.view(sentences, group, heads, head_dim).transpose(1, 2)  # (n, H, g, d_h)
+        allowed = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        weights = None
+        if need_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (n, H, g, S)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            context = weights @ v
+            weights = weights.transpose(1, 2).reshape(rows, heads, 1, -1)  # (B, H, 1, S)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
+        return AttnOutput(self.out_proj(context), weights, state)

@@ -136,7 +136,9 @@ class LearnedMatrixAttention(Attention):
         self._check_length(step + 1)
         values = append_values(cache, values)  # (B, H, t+1, d_h): values only
         probs = self.inference_causal_probs()[:, step, : step + 1].to(values.dtype)  # (H, t+1)
-        context = torch.einsum("hs,bhsd->bhd", probs, values)[:, :, None]  # (B, H, 1, d_h)
+        # (1, H, 1, t+1) @ (B, H, t+1, d_h): a broadcast matmul reads the cache in place
+        # (an einsum here permuted, i.e. copied, the whole value cache every step).
+        context = probs[None, :, None, :] @ values  # (B, H, 1, d_h)
         weights = None
         if need_weights:
             weights = probs[None, :, None].expand(values.shape[0], -1, -1, -1)

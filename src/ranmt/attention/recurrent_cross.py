@@ -47,6 +47,7 @@ class RecurrentCrossAttention(DotProductAttention):
 
     def __init__(self, spec: AttentionSpec):
         super().__init__(spec)
+        self.grouped_memory = False  # the recurrent state is per beam row
         self.options = spec.options["recurrent_cross"]
         self.head_dim = spec.d_model // spec.heads
 

@@ -118,11 +118,24 @@ class Seq2Seq(nn.Module):
         return logits
 
     # ---------------------------------------------------------------- incremental decoding
-    def init_cache(self, memory: Tensor, pad_mask: Tensor) -> dict:
+    def init_cache(self, memory: Tensor, pad_mask: Tensor, group: int = 1) -> dict:
+        """Decoder cache for ``group`` consecutive query rows per sentence of memory (n, S, d).
+
+        With ``group`` g > 1 (beam search) and cross-attention that supports it
+        (``Attention.grouped_memory``), the memory side stays per sentence: n rows of memory
+        serve n * g decoder rows. Otherwise the memory is expanded to n * g rows here.
+        """
+        grouped = group > 1 and all(layer.cross_attention is None
+                                    or layer.cross_attention.grouped_memory
+                                    for layer in self.decoder.layers)
+        if group > 1 and not grouped:
+            expand = torch.arange(memory.shape[0], device=memory.device).repeat_interleave(group)
+            memory, pad_mask = memory.index_select(0, expand), pad_mask.index_select(0, expand)
         return {
             "step": 0,
             "memory": memory,
             "pad_mask": pad_mask,
+            "group": group if grouped else 1,
             "layers": [{"self": {}, "cross": {}} for _ in self.decoder.layers],
         }
 
@@ -134,12 +147,35 @@ class Seq2Seq(nn.Module):
 
     @staticmethod
     def reorder_cache(cache: dict, order: Tensor) -> None:
-        """Keep batch entries ``order`` (1-D long; may repeat or shrink) of a decoder cache."""
-        cache["memory"] = cache["memory"].index_select(0, order)
-        cache["pad_mask"] = cache["pad_mask"].index_select(0, order)
+        """Keep decoder rows ``order`` (1-D long; may repeat or shrink) of a decoder cache.
+
+        In a grouped cache (``cache["group"]`` g > 1) rows come in groups of g that belong
+        to one sentence (``order[j*g:(j+1)*g] // g`` all equal); the memory side is then
+        reordered by sentence, and only when the set of sentences changes.
+        """
+        group = cache.get("group", 1)
+        sentence_order = order
+        if group > 1:
+            if order.numel() % group:
+                raise ValueError(f"a grouped cache keeps rows in groups of {group}, "
+                                 f"got {order.numel()} rows")
+            by_group = torch.div(order.view(-1, group), group, rounding_mode="floor")
+            sentence_order = by_group[:, 0]
+            if not bool((by_group == sentence_order[:, None]).all()):
+                raise ValueError("a grouped cache needs every group of rows from one sentence")
+            if sentence_order.numel() == cache["memory"].shape[0] and bool(
+                    (sentence_order == torch.arange(sentence_order.numel(),
+                                                    device=order.device)).all()):
+                sentence_order = None  # same sentences, same order: nothing to copy
+        if sentence_order is not None:
+            cache["memory"] = cache["memory"].index_select(0, sentence_order)
+            cache["pad_mask"] = cache["pad_mask"].index_select(0, sentence_order)
         for layer_cache in cache["layers"]:
             reorder_cache(layer_cache["self"], order)
-            reorder_cache(layer_cache["cross"], order)
+            if group == 1:
+                reorder_cache(layer_cache["cross"], order)
+            elif sentence_order is not None:
+                reorder_cache(layer_cache["cross"], sentence_order)
 
 
 def _positions_kind(model_default: str, override: str) -> str:

@@ -119,3 +119,44 @@ def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_pat
     assert results["complete"] is True
     assert [c["variant"] for c in results["cells"]] == ["TransF", "RAN-ALL"]
     assert not lock.exists() and "Partial" not in (exp / "results.md").read_text()
+
+
+def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, monkeypatch):
+    """A SIGTERM'd cell (train returns 'SIGTERM received') is not marked finished, the worker
+    exits with status 130 before the next cell, and a rerun resumes and completes the grid;
+    --out moves the whole grid, and a moved results folder still rebuilds its tables."""
+    import shutil
+
+    import pytest
+
+    path = _grid(tmp_path)
+    out = tmp_path / "elsewhere"
+    real_train = experiment_module.train
+    calls = []
+
+    def signalled_train(cfg, data_dir, run_dir):
+        calls.append(str(run_dir))
+        summary = real_train(cfg, data_dir, run_dir)
+        return {**summary, "stop_reason": "SIGTERM received"}
+
+    monkeypatch.setattr(experiment_module, "train", signalled_train)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["experiment", str(path), "--out", str(out)])
+    assert exit_info.value.code == 130
+    assert len(calls) == 1  # the worker stopped; RAN-ALL was not started
+    cell_dir = out / "runs/reverse/TransF/seed1"
+    assert not (cell_dir / "cell.json").exists() and not (cell_dir / "lock").exists()
+    assert (cell_dir / "run" / "checkpoints").is_dir()  # saved for resume
+    assert not (tmp_path / "exp").exists()  # the file's `out` was overridden
+
+    monkeypatch.setattr(experiment_module, "train", real_train)
+    main(["experiment", str(path), "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] is True
+
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("run"))
+    shutil.rmtree(out)
+    main(["experiment", str(path), "--out", str(moved)])  # nothing to train: tables only
+    again = json.loads((moved / "results.json").read_text())
+    assert again["datasets"] == results["datasets"]

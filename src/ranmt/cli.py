@@ -180,7 +180,11 @@ def _cmd_analyze(args) -> None:
 def _cmd_experiment(args) -> None:
     from ranmt.experiment import run_experiment
 
-    run_experiment(args.config, log=_info)
+    try:
+        run_experiment(args.config, log=_info, out=args.out)
+    except KeyboardInterrupt as err:
+        _info(f"interrupted: {err}" if str(err) else "interrupted")
+        raise
 
 
 def _cmd_average(args) -> None:
@@ -363,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")
     p.add_argument("config", help="experiment YAML (see configs/experiments/)")
+    p.add_argument("--out", help="output directory (default: the file's `out`)")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")

@@ -15,6 +15,12 @@ file (``cell_dir/lock``, holding host and pid) and skips cells another live work
 a lock left by a dead process is taken over, and the cell resumes from its checkpoint.
 Whichever worker finishes last writes the complete tables.
 
+A worker stopped by SIGTERM/SIGINT saves the cell's checkpoint and exits (status 130)
+without recording the cell: rerunning resumes it. ``--out DIR`` overrides the file's
+``out``; pointing it inside the repository (with the checkpoints and prepared data
+git-ignored) keeps finished cells, whose ``cell.json`` and hypotheses are all the tables
+need, across machines and sessions.
+
 Experiment file (YAML)::
 
     name: multi30k_en_de
@@ -165,6 +171,10 @@ def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
     return prepared
 
 
+class CellInterrupted(KeyboardInterrupt):
+    """Training stopped on a signal: the cell is saved for resume, not finished."""
+
+
 def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: dict,
              seed: int, cell_dir: Path, log) -> dict:
     """Train (or resume) one cell, decode and score every test set; write cell.json."""
@@ -173,6 +183,9 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
     cfg = load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
     started = time.monotonic()
     summary = train(cfg, data_dir, cell_dir / "run")
+    if str(summary.get("stop_reason", "")).endswith("received"):
+        raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
+                              "the checkpoint is saved, rerun `ranmt experiment` to resume")
     decode = {k: v for k, v in experiment.decode.items()}
     translator = Translator.load(cell_dir / "run", **decode)
     meta = load_meta(data_dir)
@@ -211,6 +224,19 @@ def _format(mean: float, std: float | None) -> str:
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
+def _cell_dir(experiment: Experiment, dataset: str, variant: str, seed: int) -> Path:
+    return experiment.out / "runs" / dataset / variant / f"seed{seed}"
+
+
+def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
+    """A cell's hypotheses for ``test``, from its cell directory (so that a results folder
+    that was moved or checked out elsewhere still works), else the recorded path."""
+    path = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"]) / f"{test}.hyp"
+    if not path.is_file():
+        path = Path(cell["tests"][test]["hyp_file"])
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
 def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
     """results.md text and the results dict (with significance against the baseline)."""
     names = [v["name"] for v in experiment.variants]
@@ -240,11 +266,9 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
                     base = base_cells.get(cell["seed"])
                     if base is None:
                         continue
-                    refs_file = Path(base["tests"][test]["hyp_file"])
                     refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
-                    base_hyps = refs_file.read_text(encoding="utf-8").split("\n")[:-1]
-                    hyps = Path(cell["tests"][test]["hyp_file"]).read_text(
-                        encoding="utf-8").split("\n")[:-1]
+                    base_hyps = _read_hyps(experiment, base, test)
+                    hyps = _read_hyps(experiment, cell, test)
                     sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
                     if not sig_metrics:
                         continue
@@ -350,8 +374,7 @@ def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
     """Every finished cell of the grid on disk (written by any worker), in grid order."""
     cells = []
     for dataset, variant, seed in grid:
-        cell_file = (experiment.out / "runs" / dataset.name / variant["name"] / f"seed{seed}"
-                     / "cell.json")
+        cell_file = _cell_dir(experiment, dataset.name, variant["name"], seed) / "cell.json"
         if cell_file.is_file():
             cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
     return cells
@@ -389,9 +412,16 @@ def _prepare_once(dataset: Dataset, root: Path, log) -> Path:
         release(lock)
 
 
-def run_experiment(path: str | Path, log=print) -> dict:
-    """Run (or resume) the whole grid, cooperating with other workers; return the results."""
+def run_experiment(path: str | Path, log=print, out: str | Path | None = None) -> dict:
+    """Run (or resume) the whole grid, cooperating with other workers; return the results.
+
+    ``out`` overrides the experiment file's output directory. A signal during training
+    raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the cell's checkpoint
+    is saved and its lock released; the cell is not recorded as finished.
+    """
     experiment = load_experiment(path)
+    if out is not None:
+        experiment.out = Path(out)
     root = experiment.out
     root.mkdir(parents=True, exist_ok=True)
     grid = [(d, v, s) for d in experiment.datasets for v in experiment.variants
@@ -399,7 +429,7 @@ def run_experiment(path: str | Path, log=print) -> dict:
     durations, elsewhere = [], []
     for index, (dataset, variant, seed) in enumerate(grid, 1):
         data_dir = _prepare_once(dataset, root, log)
-        cell_dir = root / "runs" / dataset.name / variant["name"] / f"seed{seed}"
+        cell_dir = _cell_dir(experiment, dataset.name, variant["name"], seed)
         cell_file = cell_dir / "cell.json"
         label = f"cell {index}/{len(grid)}: {dataset.name} / {variant['name']} / seed {seed}"
         if cell_file.is_file():

@@ -42,6 +42,8 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     results = json.loads((exp / "results.json").read_text())
     markdown = (exp / "results.md").read_text()
     assert "| metric | TransF | RAN-ALL |" in markdown and "| SacreBLEU |" in markdown
+    rows = [markdown.index(f"| {name} |") for name in ("BLEU", "SacreBLEU", "chrF", "TER")]
+    assert rows == sorted(rows)  # the RAN paper's Table 1 order
     assert results["commit"] is None or len(results["commit"]) == 40
     scores = results["datasets"]["reverse"]["tests"]["test"]["scores"]
     for variant in ("TransF", "RAN-ALL"):

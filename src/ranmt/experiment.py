@@ -243,7 +243,9 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
     lines = [f"# Results: {experiment.name}", ""]
     results: dict = {"experiment": experiment.name, "datasets": {}}
     for dataset in experiment.datasets:
-        metrics = TASK_METRICS[dataset.task]
+        # Table rows in the RAN paper's order (BLEU, SacreBLEU, chrF, TER), then the rest.
+        metrics = sorted(TASK_METRICS[dataset.task],
+                         key=lambda m: list(ROW_NAMES).index(m) if m in ROW_NAMES else 99)
         by_variant = {name: [c for c in cells if c["dataset"] == dataset.name
                              and c["variant"] == name] for name in names}
         dataset_result: dict = {"tests": {}, "variants": {}}

@@ -1,0 +1,343 @@
+"""Peers side by side on one machine: ranmt against CTranslate2, Hugging Face ``generate`` and
+Joey NMT 2.3.0 (speed issue, part 3). Not part of the test suite.
+
+``decode``: one process decodes the same source sentences, in the same length-sorted
+batches, with the same beam size, length penalty and length cap, with
+
+* ranmt TransF (``--transf``, a trained TransF checkpoint) and, if given, ranmt RAN-ALL
+  (``--ran``), each through ``ranmt.decode.search``;
+* CTranslate2 (float32, ``intra_threads`` = ``--threads``) on the TransF checkpoint exported
+  with ``ranmt export --format ctranslate2`` (built in memory, written to ``--out``);
+* Hugging Face ``generate`` on the same checkpoint as a Marian model (``build_marian``; a
+  post-norm TransF only: Marian is post-norm; skipped otherwise).
+
+Systems run interleaved (A, B, C, D, then again) ``--repeats`` times after a warm-up round;
+the median tokens/s (generated target tokens incl. EOS) is reported with the ratio to ranmt
+TransF, and each peer's share of outputs identical to ranmt TransF's shows that all decoded
+the same model with the same settings. Length penalty: score / |Y|^alpha for every system
+(ranmt ``lenpen_style=fairseq``; CTranslate2 and HF use that form); length cap: a fixed
+number of new tokens (``--max-len``), the one limit all three express alike.
+
+``train``: training throughput (target tokens/s, the median of the trainer's own logging
+windows after the first) of ranmt and Joey NMT 2.3.0 with the same model size (``small``:
+d 256, 3+3 layers, 4 heads, FFN 1024, pre-norm, tied embeddings), the same SentencePiece
+vocabulary and data, token batches of the same definition (sentences x longest side incl.
+EOS, ``--max-tokens``) and the same thread count, alternating ``--rounds`` times. Joey NMT
+is installed on demand into its own virtual environment (``--joey-venv``, with torch==
+``--torch``); Joey batches unbucketed (its design), so its batches carry more padding.
+
+    python benchmarks/peers.py decode --transf RUN_T --ran RUN_R --data DATA \\
+        --split test_2016_flickr --out benchmark/peers
+    python benchmarks/peers.py train --data DATA --out benchmark/peers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ranmt.data.batching import make_batches, pad_sources
+from ranmt.data.corpus import raw_text
+from ranmt.decode import search
+from ranmt.model import EOS_ID, PAD_ID
+from ranmt.translator import Translator
+
+# ------------------------------------------------------------------------------ decoding
+
+
+def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int):
+    model = translator.model.eval()
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        hyps = search(model, pad_sources(batch), beam, lenpen, "fairseq", 0.0, max_len, 1)
+        return [h[0][0] for h in hyps]
+
+    return run
+
+
+def _ct2_system(translator: Translator, out: Path, beam: int, lenpen: float, max_len: int,
+                threads: int):
+    import ctranslate2
+
+    from ranmt.export import export_ctranslate2
+
+    path = export_ctranslate2(translator.checkpoint_dir, out / "ct2-transf")
+    engine = ctranslate2.Translator(str(path), device="cpu", compute_type="float32",
+                                    intra_threads=threads, inter_threads=1)
+    src = translator.src_vocab.processor
+    tgt = translator.tgt_vocab.processor
+    src_pieces = [src.id_to_piece(i) for i in range(src.get_piece_size())]
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        results = engine.translate_batch([[src_pieces[i] for i in s] for s in batch],
+                                         beam_size=beam, length_penalty=lenpen,
+                                         max_decoding_length=max_len)
+        return [[tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+
+    return run
+
+
+def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int):
+    from ranmt.export import ExportError, build_marian
+
+    try:
+        marian = build_marian(translator.model, translator.config)
+    except ExportError as err:
+        print(f"Hugging Face generate skipped: {err}", file=sys.stderr)
+        return None
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        src = pad_sources(batch)  # (B, S) with EOS, right-padded with PAD_ID
+        output = marian.generate(input_ids=src, attention_mask=src.ne(PAD_ID),
+                                 num_beams=beam, length_penalty=lenpen, early_stopping=True,
+                                 max_new_tokens=max_len, do_sample=False)
+        hyps = []
+        for row in output[:, 1:].tolist():  # drop the decoder start token
+            ids = [t for t in row if t != PAD_ID]
+            hyps.append(ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids)
+        return hyps
+
+    return run
+
+
+def decode(args) -> dict:
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    transf = Translator.load(args.transf, device="cpu")
+    sentences = raw_text(args.data, args.split, "src")[:args.sentences]
+    ids = [s for s in transf.src_vocab.encode(sentences) if s]
+    lengths = np.array([len(s) for s in ids])
+    batches = [[ids[i] for i in rows]
+               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
+    settings = (args.beam, args.lenpen, args.max_len)
+    systems = {"ranmt TransF": _ranmt_system(transf, *settings)}
+    if args.ran:
+        ran = Translator.load(args.ran, device="cpu")
+        if ran.src_vocab.processor.serialized_model_proto() != \
+                transf.src_vocab.processor.serialized_model_proto():
+            raise SystemExit("--ran and --transf must share the source vocabulary")
+        systems["ranmt RAN-ALL"] = _ranmt_system(ran, *settings)
+    systems["CTranslate2 fp32"] = _ct2_system(transf, out, *settings, args.threads)
+    hf = _hf_system(transf, *settings)
+    if hf is not None:
+        systems["HF generate"] = hf
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    outputs: dict[str, list[list[int]]] = {}
+    with torch.inference_mode():
+        for repeat in range(args.repeats + 1):  # round 0 = warm-up
+            for name, run in systems.items():
+                start = time.perf_counter()
+                hyps = [h for batch in batches for h in run(batch)]
+                seconds = time.perf_counter() - start
+                outputs[name] = hyps
+                if repeat:
+                    samples[name].append(sum(len(h) + 1 for h in hyps) / seconds)
+                print(f"round {repeat}: {name} {seconds:.2f} s", file=sys.stderr)
+    reference = outputs["ranmt TransF"]
+    base = statistics.median(samples["ranmt TransF"])
+    rows = {}
+    for name in systems:
+        tok_s = statistics.median(samples[name])
+        same = sum(a == b for a, b in zip(outputs[name], reference)) / len(reference)
+        rows[name] = {"tokens_per_s": tok_s, "sentences_per_s": tok_s * len(ids) / sum(
+            len(h) + 1 for h in outputs[name]), "ratio_to_ranmt_transf": tok_s / base,
+            "same_output_as_ranmt_transf": same, "samples": samples[name]}
+    result = {"kind": "decode", "sentences": len(ids), "batch": args.batch, "beam": args.beam,
+              "lenpen": args.lenpen, "max_len": args.max_len, "threads": args.threads,
+              "repeats": args.repeats, "torch": torch.__version__, "systems": rows}
+    lines = [f"decoding {len(ids)} sentences of {args.split}, batch {args.batch}, beam "
+             f"{args.beam}, lenpen {args.lenpen}, {args.threads} threads, median of "
+             f"{args.repeats}", "",
+             "| system | tgt tok/s | sent/s | ratio to ranmt TransF | same output as "
+             "ranmt TransF |", "|---|---|---|---|---|"]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['tokens_per_s']:,.0f} | {row['sentences_per_s']:,.1f} "
+                     f"| {row['ratio_to_ranmt_transf']:.2f}x | "
+                     f"{100 * row['same_output_as_ranmt_transf']:.1f}% |")
+    if "ranmt RAN-ALL" in rows and "CTranslate2 fp32" in rows:
+        ratio = rows["ranmt RAN-ALL"]["tokens_per_s"] / rows["CTranslate2 fp32"]["tokens_per_s"]
+        lines.append(f"\nranmt RAN-ALL / CTranslate2 fp32 (TransF): {ratio:.2f}x")
+        result["ran_all_over_ct2"] = ratio
+    table = "\n".join(lines)
+    print(table)
+    (out / "decode.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "decode.md").write_text(table + "\n", encoding="utf-8")
+    return result
+
+# ------------------------------------------------------------------------------ training
+
+
+JOEY_WINDOW = re.compile(r"Tokens per Sec:\s+([0-9.]+)")
+RANMT_WINDOW = re.compile(r"\|\s+([0-9,]+) tgt tok/s")
+
+
+def _joey_python(venv: Path, torch_version: str) -> Path:
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        print(f"installing Joey NMT 2.3.0 into {venv} (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"],
+                       check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "joeynmt==2.3.0"],
+                       check=True)
+    return python
+
+
+def _joey_config(data: Path, work: Path, args) -> Path:
+    """Joey NMT's YAML for the `small` Transformer on ranmt's prepared data and vocabulary."""
+    import yaml
+
+    from ranmt.data.vocab import Vocab
+
+    meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
+    src_lang, tgt_lang = meta.get("src_lang", "src"), meta.get("tgt_lang", "tgt")
+    work.mkdir(parents=True, exist_ok=True)
+    for split, joey_split in (("train", "train"), ("valid", "dev")):
+        for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
+            link = work / f"{joey_split}.{lang}"
+            link.unlink(missing_ok=True)
+            link.symlink_to((data / f"{split}.{side}.txt").resolve())
+    vocab_files = {}
+    for side in ("src", "tgt"):
+        processor = Vocab(data / f"spm.{side}.model").processor
+        # Joey puts <unk> <pad> <s> </s> at ids 0-3 itself; the file holds the other pieces.
+        pieces = [processor.id_to_piece(i) for i in range(4, processor.get_piece_size())]
+        vocab_files[side] = work / f"vocab.{side}.txt"
+        vocab_files[side].write_text("\n".join(pieces) + "\n", encoding="utf-8")
+
+    def side(lang: str, key: str) -> dict:
+        return {"lang": lang, "level": "bpe", "lowercase": False, "max_length": 255,
+                "voc_file": str(vocab_files[key]), "tokenizer_type": "sentencepiece",
+                "tokenizer_cfg": {"model_file": str((data / f"spm.{key}.model").resolve())}}
+
+    layers = {"type": "transformer", "num_layers": 3, "num_heads": 4, "hidden_size": 256,
+              "ff_size": 1024, "dropout": 0.1, "layer_norm": "pre",
+              "embeddings": {"embedding_dim": 256, "scale": True, "dropout": 0.1}}
+    joint = vocab_files["src"].read_text() == vocab_files["tgt"].read_text()
+    config = {
+        "name": "joey-small", "joeynmt_version": "2.3.0", "model_dir": str(work / "model"),
+        "use_cuda": False, "fp16": False,
+        "data": {"train": str(work / "train"), "dev": str(work / "dev"),
+                 "dataset_type": "plain", "src": side(src_lang, "src"),
+                 "trg": side(tgt_lang, "tgt")},
+        "training": {"random_seed": 1, "optimizer": "adam", "adam_betas": [0.9, 0.98],
+                     "learning_rate": 0.001, "scheduling": "warmupinversesquareroot",
+                     "learning_rate_warmup": 500, "learning_rate_min": 1e-8,
+                     "loss": "crossentropy", "label_smoothing": 0.1,
+                     "batch_size": args.max_tokens, "batch_type": "token",
+                     "normalization": "tokens", "epochs": 100, "updates": args.steps,
+                     "validation_freq": 10 ** 9, "logging_freq": args.log_every,
+                     "shuffle": True, "overwrite": True, "keep_best_ckpts": 1,
+                     "use_cuda": False},
+        "testing": {"beam_size": 1, "eval_metrics": ["bleu"]},
+        "model": {"initializer": "xavier_uniform", "tied_embeddings": joint,
+                  "tied_softmax": True, "encoder": layers, "decoder": layers},
+    }
+    path = work / "joey.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def _windows(text: str, pattern: re.Pattern) -> list[float]:
+    return [float(m.replace(",", "")) for m in pattern.findall(text)]
+
+
+def train(args) -> dict:
+    data, out = Path(args.data), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
+           "MKL_NUM_THREADS": str(args.threads)}
+    joey = _joey_python(Path(args.joey_venv), args.torch)
+    joey_cfg = _joey_config(data, out / "joey", args)
+    ranmt_cmd = [sys.executable, "-m", "ranmt", "train", "--data", str(data), "--config",
+                 args.ranmt_config, "train.max_steps=" + str(args.steps),
+                 f"train.log_every={args.log_every}", "train.validate_every=1000000000",
+                 f"data.max_tokens={args.max_tokens}", f"train.threads={args.threads}",
+                 "train.progress=false", "train.tensorboard=false", "model.arch=transf"]
+    samples: dict[str, list[float]] = {"ranmt TransF": [], "Joey NMT 2.3.0": []}
+    for round_ in range(args.rounds):
+        for name in samples:
+            if name.startswith("ranmt"):
+                run_dir = out / f"ranmt-run{round_}"
+                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+                proc = subprocess.run(ranmt_cmd + ["--out", str(run_dir)], env=env,
+                                      capture_output=True, text=True)
+                log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() \
+                    else ""
+                windows = _windows(log, RANMT_WINDOW)
+            else:
+                subprocess.run(["rm", "-rf", str(out / "joey" / "model")], check=True)
+                proc = subprocess.run([str(joey), "-m", "joeynmt", "train", str(joey_cfg)],
+                                      env=env, capture_output=True, text=True)
+                log = proc.stdout + proc.stderr
+                (out / f"joey-round{round_}.log").write_text(log, encoding="utf-8")
+                windows = _windows(log, JOEY_WINDOW)
+            if proc.returncode != 0 or len(windows) < 2:
+                raise SystemExit(f"{name} failed (exit {proc.returncode}):\n"
+                                 f"{(proc.stdout + proc.stderr)[-3000:]}")
+            samples[name].extend(windows[1:])  # the first window holds start-up costs
+            print(f"round {round_}: {name} windows {[round(w) for w in windows]}",
+                  file=sys.stderr)
+    base = statistics.median(samples["ranmt TransF"])
+    rows = {name: {"tokens_per_s": statistics.median(v), "windows": v,
+                   "ratio_to_ranmt": statistics.median(v) / base} for name, v in samples.items()}
+    table = "\n".join(
+        [f"training throughput, small Transformer, {args.max_tokens}-token batches, "
+         f"{args.threads} threads, {args.steps} steps x {args.rounds} rounds", "",
+         "| system | tgt tok/s (median window) | ratio to ranmt |", "|---|---|---|"]
+        + [f"| {n} | {r['tokens_per_s']:,.0f} | {r['ratio_to_ranmt']:.2f}x |"
+           for n, r in rows.items()])
+    print(table)
+    result = {"kind": "train", "steps": args.steps, "rounds": args.rounds,
+              "threads": args.threads, "max_tokens": args.max_tokens, "systems": rows}
+    (out / "train.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "train.md").write_text(table + "\n", encoding="utf-8")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("decode", help="ranmt vs CTranslate2 vs HF generate")
+    p.add_argument("--transf", required=True, help="trained ranmt TransF run or checkpoint")
+    p.add_argument("--ran", help="trained ranmt RAN-ALL run (same vocabulary)")
+    p.add_argument("--data", required=True, help="prepared data directory")
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--max-len", type=int, default=64, help="new tokens at most, EOS included")
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(func=decode)
+    p = sub.add_parser("train", help="ranmt vs Joey NMT training throughput")
+    p.add_argument("--data", required=True, help="prepared data directory (joint vocab)")
+    p.add_argument("--ranmt-config", default="configs/multi30k_small.yaml")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--joey-venv", default="benchmark/peers/joey-venv")
+    p.add_argument("--torch", default=torch.__version__.split("+")[0],
+                   help="torch version for Joey's environment (the same as ranmt's)")
+    p.set_defaults(func=train)
+    for p in sub.choices.values():
+        p.add_argument("--threads", type=int, default=torch.get_num_threads())
+        p.add_argument("--out", default="benchmark/peers")
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Where beam-search decoding spends its time: torch.profiler over TransF and RAN-ALL.
+
+Decodes the same sentences (batch ``--batch``, beam ``--beam``) with each checkpoint under
+``torch.profiler`` (CPU) and prints, per system, the operators by self CPU time and the
+share of the step spent in the output projection, the attention sublayers and the rest,
+with the multiply-accumulate count per generated token of each part (from the shapes), so
+that the ceiling on what RAN's cheaper self-attention can buy is visible next to the
+measurement.
+
+    python benchmarks/profile_decode.py --checkpoint RUN_TRANSF --checkpoint RUN_RAN_ALL \\
+        --data DATA --split test_2016_flickr --sentences 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from ranmt.data.batching import make_batches, pad_sources
+from ranmt.data.corpus import load_split
+from ranmt.decode import search
+from ranmt.translator import Translator
+
+
+def decoder_macs_per_token(config) -> dict[str, int]:
+    """Multiply-accumulates per generated token and beam row (history/source length
+    terms left out: at Multi30k lengths they are < 2% of the total)."""
+    m = config.model
+    d, f, layers, vocab = m.d_model, m.ffn_dim, m.decoder.layers, m.tgt_vocab_size
+    self_proj = (4 if m.decoder.self_attention == "dot" else 2) * d * d  # RAN: W_v, W_o only
+    cross_proj = 2 * d * d  # W_q, W_o (the source keys/values are computed once)
+    return {"self-attention projections": layers * self_proj,
+            "cross-attention projections": layers * cross_proj,
+            "feed-forward": layers * 2 * d * f, "output projection": d * vocab}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", action="append", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--split", default="test_2016_flickr")
+    parser.add_argument("--sentences", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args(argv)
+    encoded = load_split(args.data, args.split)
+    sources = [list(map(int, s)) for s in encoded.src[:args.sentences]]
+    lengths = np.array([len(s) for s in sources])
+    batches = [pad_sources([sources[i] for i in rows])
+               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
+    totals = {}
+    for checkpoint in args.checkpoint:
+        translator = Translator.load(checkpoint, device="cpu")
+        model, cfg = translator.model.eval(), translator.config
+        name = f"{cfg.model.arch}:{checkpoint}"
+        with torch.inference_mode():
+            for src in batches:  # warm-up (RAN's inference matrices, allocator)
+                search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+            start = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for src in batches:
+                    with record_function("beam_search"):
+                        search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+            seconds = time.perf_counter() - start
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events)
+        print(f"\n== {name}: {seconds:.2f} s under the profiler")
+        print(f"{'operator':<40} {'self CPU %':>10} {'calls':>8}")
+        for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
+            print(f"{event.key:<40} {100 * event.self_cpu_time_total / total:>9.1f}% "
+                  f"{event.count:>8}")
+        macs = decoder_macs_per_token(cfg)
+        totals[name] = (seconds, sum(macs.values()))
+        print("decoder MACs per generated token and beam row:")
+        for part, count in macs.items():
+            print(f"  {part:<30} {count:>10,} ({100 * count / sum(macs.values()):.0f}%)")
+    if len(totals) > 1:
+        (first, (s0, m0)), *rest = totals.items()
+        for name, (s, m) in rest:
+            print(f"\n{name} vs {first}: time ratio {s0 / s:.2f}x, MAC ratio {m0 / m:.2f}x "
+                  "(the speed-up that fewer multiply-accumulates alone would give)")
+
+
+if __name__ == "__main__":
+    main()

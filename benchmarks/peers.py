@@ -81,7 +81,8 @@ def _ct2_system(translator: Translator, out: Path, beam: int, lenpen: float, max
     def run(batch: list[list[int]]) -> list[list[int]]:
         results = engine.translate_batch([[src_pieces[i] for i in s] for s in batch],
                                          beam_size=beam, length_penalty=lenpen,
-                                         max_decoding_length=max_len)
+                                         max_decoding_length=max_len,
+                                         min_decoding_length=0)  # CT2's default is 1
         return [[tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
     return run
@@ -100,7 +101,8 @@ def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int):
         src = pad_sources(batch)  # (B, S) with EOS, right-padded with PAD_ID
         output = marian.generate(input_ids=src, attention_mask=src.ne(PAD_ID),
                                  num_beams=beam, length_penalty=lenpen, early_stopping=True,
-                                 max_new_tokens=max_len, do_sample=False)
+                                 max_new_tokens=max_len + 1,  # + the EOS that ends it
+                                 do_sample=False)
         hyps = []
         for row in output[:, 1:].tolist():  # drop the decoder start token
             ids = [t for t in row if t != PAD_ID]
@@ -189,7 +191,8 @@ def _joey_python(venv: Path, torch_version: str) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"],
                        check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "joeynmt==2.3.0"],
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "joeynmt==2.3.0",
+                        "importlib-metadata"],  # imported by joeynmt, not declared
                        check=True)
     return python
 
@@ -278,7 +281,8 @@ def train(args) -> dict:
                 windows = _windows(log, RANMT_WINDOW)
             else:
                 subprocess.run(["rm", "-rf", str(out / "joey" / "model")], check=True)
-                proc = subprocess.run([str(joey), "-m", "joeynmt", "train", str(joey_cfg)],
+                proc = subprocess.run([str(joey), "-m", "joeynmt", "train", str(joey_cfg),
+                                       "--skip-test"],
                                       env=env, capture_output=True, text=True)
                 log = proc.stdout + proc.stderr
                 (out / f"joey-round{round_}.log").write_text(log, encoding="utf-8")

@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=0.6)
-    p.add_argument("--max-len", type=int, default=64, help="new tokens at most, EOS included")
+    p.add_argument("--max-len", type=int, default=64, help="new tokens at most (then EOS)")
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(func=decode)
     p = sub.add_parser("train", help="ranmt vs Joey NMT training throughput")

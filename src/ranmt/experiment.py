@@ -259,6 +259,7 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
             # Significance: each seed against the baseline's run with the same seed;
             # a dagger needs p < 0.01 for every seed.
             significance: dict = {}
+            refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
             base_cells = {c["seed"]: c for c in by_variant[experiment.baseline]}
             for name in names:
                 if name == experiment.baseline:
@@ -268,7 +269,6 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
                     base = base_cells.get(cell["seed"])
                     if base is None:
                         continue
-                    refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
                     base_hyps = _read_hyps(experiment, base, test)
                     hyps = _read_hyps(experiment, cell, test)
                     sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]

@@ -38,6 +38,46 @@ def decoder_macs_per_token(config) -> dict[str, int]:
             "feed-forward": layers * 2 * d * f, "output projection": d * vocab}
 
 
+PARTS = ("encoder", "decoder self-attention", "cross-attention", "feed-forward",
+         "output projection", "cache reorder")
+
+
+def label_parts(model: torch.nn.Module) -> None:
+    """Named profiler ranges (``PARTS``) around the encoder and the decoder's sublayers."""
+
+    def hook(module: torch.nn.Module, label: str) -> None:
+        ranges = []
+
+        def enter(*_):
+            ranges.append(record_function(label))
+            ranges[-1].__enter__()
+
+        def leave(*_):
+            ranges.pop().__exit__(None, None, None)
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
+
+    def wrap(owner, attribute: str, label: str) -> None:
+        function = getattr(owner, attribute)
+
+        def wrapped(*args, **kwargs):
+            with record_function(label):
+                return function(*args, **kwargs)
+
+        setattr(owner, attribute, wrapped)
+
+    hook(model.encoder, "encoder")
+    for layer in model.decoder.layers:
+        for module, label in ((layer.self_attention, "decoder self-attention"),
+                              (layer.cross_attention, "cross-attention"),
+                              (layer.ffn, "feed-forward")):
+            if module is not None:
+                hook(module, label)
+    wrap(model.decoder, "project", "output projection")
+    wrap(model, "reorder_cache", "cache reorder")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", action="append", required=True)
@@ -57,33 +97,44 @@ def main(argv: list[str] | None = None) -> None:
     for checkpoint in args.checkpoint:
         translator = Translator.load(checkpoint, device="cpu")
         model, cfg = translator.model.eval(), translator.config
+        label_parts(model)
         name = f"{cfg.model.arch}:{checkpoint}"
         with torch.inference_mode():
             for src in batches:  # warm-up (RAN's inference matrices, allocator)
                 search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+            tokens = 0  # generated target tokens incl. EOS (the systems' lengths differ)
             start = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for src in batches:
                     with record_function("beam_search"):
-                        search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+                        hyps = search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+                    tokens += sum(len(h[0][0]) + 1 for h in hyps)
             seconds = time.perf_counter() - start
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
-        print(f"\n== {name}: {seconds:.2f} s under the profiler")
+        print(f"\n== {name}: {seconds:.2f} s under the profiler, {tokens:,} target tokens, "
+              f"{1000 * seconds / tokens:.2f} ms per token")
         print(f"{'operator':<40} {'self CPU %':>10} {'calls':>8}")
         for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
             print(f"{event.key:<40} {100 * event.self_cpu_time_total / total:>9.1f}% "
                   f"{event.count:>8}")
         macs = decoder_macs_per_token(cfg)
-        totals[name] = (seconds, sum(macs.values()))
+        totals[name] = (seconds / tokens, sum(macs.values()))
+        inclusive = {e.key: e.cpu_time_total for e in events}
+        search_total = inclusive["beam_search"]
+        print("share of the search (inclusive CPU time; the rest is embedding, layer norms, "
+              "log-softmax, top-k and bookkeeping):")
+        for part in PARTS:
+            print(f"  {part:<30} {100 * inclusive.get(part, 0) / search_total:>5.1f}%")
         print("decoder MACs per generated token and beam row:")
         for part, count in macs.items():
             print(f"  {part:<30} {count:>10,} ({100 * count / sum(macs.values()):.0f}%)")
     if len(totals) > 1:
         (first, (s0, m0)), *rest = totals.items()
         for name, (s, m) in rest:
-            print(f"\n{name} vs {first}: time ratio {s0 / s:.2f}x, MAC ratio {m0 / m:.2f}x "
-                  "(the speed-up that fewer multiply-accumulates alone would give)")
+            print(f"\n{name} vs {first}: time-per-token ratio {s0 / s:.2f}x, MAC ratio "
+                  f"{m0 / m:.2f}x (the speed-up that fewer multiply-accumulates alone would "
+                  "give)")
 
 
 if __name__ == "__main__":

@@ -185,24 +185,29 @@ RANMT_WINDOW = re.compile(r"\|\s+([0-9,]+) tgt tok/s")
 
 
 def _joey_python(venv: Path, torch_version: str) -> Path:
-    """The venv's python, with torch==torch_version, joeynmt 2.3.0 and importlib-metadata.
+    """The venv's python, with torch==torch_version, joeynmt 2.3.0, importlib-metadata and
+    sentencepiece 0.2.0.
 
-    An existing venv is checked too (a venv left by an interrupted install is repaired).
+    joeynmt 2.3.0 imports ``importlib_metadata`` without declaring it, and calls
+    ``SentencePieceProcessor.SetVocabulary``, which sentencepiece 0.2.1+ no longer has; its
+    requirements do not bound sentencepiece, so both are installed here. An existing venv is
+    checked too (a venv left by an interrupted install is repaired).
     """
     python = venv / "bin" / "python"
     if not python.is_file():
         print(f"creating {venv} for Joey NMT 2.3.0 (once)", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    probe = ("import importlib.util as u, sys; "
-             "sys.exit(any(u.find_spec(m) is None for m in "
-             "('torch', 'joeynmt', 'importlib_metadata')))")
+    probe = ("import importlib.util as u, sys\n"
+             "if any(u.find_spec(m) is None for m in "
+             "('torch', 'joeynmt', 'importlib_metadata', 'sentencepiece')): sys.exit(1)\n"
+             "import sentencepiece\n"
+             "sys.exit(not hasattr(sentencepiece.SentencePieceProcessor, 'SetVocabulary'))")
     if subprocess.run([str(python), "-c", probe]).returncode != 0:
         print(f"installing Joey NMT 2.3.0 into {venv}", file=sys.stderr)
         subprocess.run([str(python), "-m", "pip", "install", "-q", f"torch=={torch_version}"],
                        check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "joeynmt==2.3.0",
-                        "importlib-metadata"],  # imported by joeynmt, not declared
-                       check=True)
+                        "importlib-metadata", "sentencepiece==0.2.0"], check=True)
     return python
 
 

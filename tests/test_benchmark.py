@@ -21,3 +21,14 @@ def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
     assert (tmp_path / "benchmark.png").read_bytes().startswith(b"\x89PNG")
     assert "| batch | 4 | 2 |" in (tmp_path / "benchmark.md").read_text()
     assert "tok/s (ratio)" in capsys.readouterr().out
+
+
+def test_checkpoint_labels_tell_experiment_cells_apart():
+    from ranmt.benchmark import _run_label
+
+    cells = "results/grid/runs/multi30k-en-de/{}/seed1/run"
+    assert _run_label(cells.format("TransF")) == "TransF/seed1"
+    assert _run_label(cells.format("RAN-ALL")) == "RAN-ALL/seed1"
+    assert _run_label("runs/transf-small") == "runs/transf-small"
+    assert _run_label("runs/x/checkpoints/step_00001000") == "x/step_00001000"
+    assert _run_label("/abs/run") == "abs"

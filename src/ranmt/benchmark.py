@@ -37,13 +37,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+_GENERIC_PARTS = {"run", "best", "checkpoints", "last"}
+
+
+def _run_label(checkpoint: str) -> str:
+    """A short name for a checkpoint path: its last two meaningful parts.
+
+    Experiment cells all end in ``…/VARIANT/seedN/run``; ``run``, ``best``, ``checkpoints``
+    and file names are skipped so that labels tell the systems apart
+    (``TransF/seed1/run`` -> ``TransF/seed1``, ``runs/transf-small`` -> ``runs/transf-small``).
+    """
+    path = Path(checkpoint)
+    parts = [part for part in path.parts
+             if part != path.anchor and part not in _GENERIC_PARTS
+             and Path(part).suffix != ".safetensors"]
+    return "/".join(parts[-2:]) or Path(checkpoint).name
+
+
 def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_size: int,
                  device: torch.device) -> list[tuple[str, Translator | None, object, object]]:
     """(label, translator or None, model, config) per system."""
     systems = []
     for checkpoint in checkpoints:
         translator = Translator.load(checkpoint, device=str(device))
-        label = f"{translator.config.model.arch}:{Path(checkpoint).name}"
+        label = f"{translator.config.model.arch}:{_run_label(checkpoint)}"
         systems.append((label, translator, translator.model, translator.config))
     for arch in archs:
         cfg = load_config(None, {"model.preset": preset, "model.arch": arch,

@@ -10,7 +10,7 @@ from ranmt.cli import main
 def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
     main(["benchmark", "--arch", "transf", "--arch", "ran-all", "--preset", "tiny",
           "--vocab-size", "50", "--sentences", "12", "--batch-sizes", "1", "4", "--beams", "1",
-          "2", "--batch", "4", "--beam", "2", "--repeats", "1", "--train-tokens", "200",
+          "2", "--batch", "4", "--beam", "2", "--repeats", "2", "--train-tokens", "200",
           "--out", str(tmp_path), "--device", "cpu"])
     result = json.loads((tmp_path / "benchmark.json").read_text())
     assert result["systems"] == ["transf:tiny", "ran-all:tiny"]
@@ -18,8 +18,15 @@ def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
     first = result["decode"][0]["systems"]
     assert first["transf:tiny"]["ratio"] == 1.0 and first["ran-all:tiny"]["tokens_per_s"] > 0
     assert result["train"]["ran-all:tiny"]["tokens_per_s"] > 0
+    ran = first["ran-all:tiny"]
+    assert len(ran["runs_tokens_per_s"]) == 2 and ran["tokens_per_s"] == (
+        sum(ran["runs_tokens_per_s"]) / 2)  # median of two runs
+    base_runs = first["transf:tiny"]["runs_tokens_per_s"]
+    assert ran["ratio_per_run"] == [r / b for r, b in zip(ran["runs_tokens_per_s"], base_runs)]
+    assert first["transf:tiny"]["ratio_per_run"] == [1.0, 1.0]
     assert (tmp_path / "benchmark.png").read_bytes().startswith(b"\x89PNG")
-    assert "| batch | 4 | 2 |" in (tmp_path / "benchmark.md").read_text()
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "| batch | 4 | 2 |" in table and "x; " in table  # per-round ratio range
     assert "tok/s (ratio)" in capsys.readouterr().out
 
 

@@ -4,7 +4,8 @@ Systems are trained checkpoints (``--checkpoint``) or freshly initialised models
 (``--arch``; their outputs are not translations, so prefer checkpoints for decoding numbers).
 Every measurement is interleaved over the systems (system A, B, C, then A, B, C again) so
 machine noise hits all of them alike, repeated ``--repeats`` times after one warm-up, and
-the median is reported, with the ratio to the first system:
+the median is reported, with the ratio to the first system (and, in the table, the range
+of the ratios measured within each interleaved round, to show the noise):
 
 * decoding throughput (generated target tokens/s incl. EOS, and sentences/s) across batch
   sizes with a fixed beam, and across beam sizes with a fixed batch (the RAN paper's Fig. 3);
@@ -186,12 +187,18 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                         samples[label].append(value)
             row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
             first = None
+            first_runs = None
             for label, *_ in systems:
-                tok = statistics.median(v[0] for v in samples[label])
+                runs = [v[0] for v in samples[label]]
+                tok = statistics.median(runs)
                 sent = statistics.median(v[1] for v in samples[label])
                 first = first or tok
-                row["systems"][label] = {"tokens_per_s": tok, "sentences_per_s": sent,
-                                         "ratio": tok / first}
+                first_runs = first_runs or runs
+                row["systems"][label] = {
+                    "tokens_per_s": tok, "sentences_per_s": sent, "ratio": tok / first,
+                    "runs_tokens_per_s": runs,
+                    # the ratio within each interleaved round: the noise the median hides
+                    "ratio_per_run": [a / b for a, b in zip(runs, first_runs)]}
             results["decode"].append(row)
             log(f"decode batch {batch:>3} beam {beam}: " + "  ".join(
                 f"{label} {v['tokens_per_s']:,.0f} tok/s ({v['ratio']:.2f}x)"
@@ -230,8 +237,7 @@ def _table(results: dict) -> str:
              "| vary | batch | beam | " + " | ".join(f"{name} tok/s (ratio)" for name in names)
              + " |", "|---|---|---|" + "---|" * len(names)]
     for row in results["decode"]:
-        cells = [f"{row['systems'][name]['tokens_per_s']:,.0f} "
-                 f"({row['systems'][name]['ratio']:.2f}x)" for name in names]
+        cells = [_cell(row["systems"][name], name != names[0]) for name in names]
         lines.append(f"| {row['vary']} | {row['batch']} | {row['beam']} | " + " | ".join(cells)
                      + " |")
     lines += ["", "| training | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
@@ -245,6 +251,16 @@ def _table(results: dict) -> str:
         lines.append("| max tokens per batch | " + " | ".join(
             str(train[name].get("max_tokens_per_batch", "-")) for name in names) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(entry: dict, with_range: bool) -> str:
+    """``1,586 (1.18x)``, with the per-round ratio range (``1.12-1.25``) when there are
+    several rounds."""
+    text = f"{entry['tokens_per_s']:,.0f} ({entry['ratio']:.2f}x"
+    per_run = entry.get("ratio_per_run") or []
+    if with_range and len(per_run) > 1:
+        text += f"; {min(per_run):.2f}-{max(per_run):.2f}"
+    return text + ")"
 
 
 def _plot(results: dict, path: Path) -> None:

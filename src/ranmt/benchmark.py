@@ -186,17 +186,14 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                     if repeat > 0:
                         samples[label].append(value)
             row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
-            first = None
-            first_runs = None
+            first_runs = [v[0] for v in samples[systems[0][0]]]
             for label, *_ in systems:
                 runs = [v[0] for v in samples[label]]
                 tok = statistics.median(runs)
                 sent = statistics.median(v[1] for v in samples[label])
-                first = first or tok
-                first_runs = first_runs or runs
                 row["systems"][label] = {
-                    "tokens_per_s": tok, "sentences_per_s": sent, "ratio": tok / first,
-                    "runs_tokens_per_s": runs,
+                    "tokens_per_s": tok, "sentences_per_s": sent,
+                    "ratio": tok / statistics.median(first_runs), "runs_tokens_per_s": runs,
                     # the ratio within each interleaved round: the noise the median hides
                     "ratio_per_run": [a / b for a, b in zip(runs, first_runs)]}
             results["decode"].append(row)

@@ -181,7 +181,8 @@ def _cmd_experiment(args) -> None:
     from ranmt.experiment import run_experiment
 
     try:
-        run_experiment(args.config, log=_info, out=args.out)
+        run_experiment(args.config, log=_info, out=args.out, variants=args.variants,
+                       seeds=args.seeds, tables_only=args.tables_only)
     except KeyboardInterrupt as err:
         _info(f"interrupted: {err}" if str(err) else "interrupted")
         raise
@@ -368,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")
     p.add_argument("config", help="experiment YAML (see configs/experiments/)")
     p.add_argument("--out", help="output directory (default: the file's `out`)")
+    p.add_argument("--variants", nargs="+", metavar="NAME",
+                   help="run only these variants' cells (the tables still show every "
+                        "finished cell of the grid)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="N",
+                   help="run only these seeds' cells")
+    p.add_argument("--tables-only", action="store_true",
+                   help="train nothing: rewrite results.md/json from the finished cells")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")

@@ -28,6 +28,9 @@ from typing import Any
 
 import yaml
 
+from ranmt.attention.ran import INITS as RAN_INITS
+from ranmt.attention.ran import TRANSITIONS as RAN_TRANSITIONS
+
 
 class ConfigError(ValueError):
     """A configuration key or value that cannot be used."""
@@ -68,7 +71,13 @@ class RANConfig:
     """Recurrent Attention options (paper 000; see ranmt/attention/ran.py)."""
 
     transition: str = "paper"
-    """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | released_code."""
+    """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | the released
+    code's released_code (rec_func 0) | released_tanh (1) | released_relu (2) |
+    released_ln_ffn (3); formulas in ranmt/attention/ran.py."""
+    init: str = "xavier_whole"
+    """Initialisation of A_0: xavier_whole (one xavier-uniform over the (H, N, N) tensor, as
+    the authors' code) | xavier_per_head (each (N, N) head separately, 11x larger bound at
+    N = 256, H = 8)."""
     fixed_initial: bool = False
     """Keep the Initial Attention Matrices A_0 at their random init (Table 3 ablation)."""
     released_hidden: int = 1024
@@ -134,7 +143,11 @@ class ModelConfig:
     dropout: float = 0.1
     """Residual and embedding dropout."""
     attention_dropout: float = 0.0
-    """Dropout on attention weights (the RAN paper uses 0.2 for RAN)."""
+    """Dropout on dot-product / hard-coded attention weights (RAN and Syn-R have their own)."""
+    cross_attention_dropout: float = -1.0
+    """Dropout on the cross-attention weights; negative = model.attention_dropout. RAN-ALL
+    keeps 0.0 on its dot-product cross-attention, so the control TransF+AD sets
+    attention_dropout 0.2 and cross_attention_dropout 0.0."""
     activation_dropout: float = 0.0
     """Dropout after the feed-forward activation."""
     norm: str = "pre"
@@ -471,9 +484,15 @@ def validate(cfg: Config) -> None:
         section, _, name = key.rpartition(".")
         if not 0.0 <= getattr(getattr(m, section) if section else m, name) < 1.0:
             raise ConfigError(f"model.{key} must be in [0, 1)")
-    if m.ran.transition not in ("paper", "no_ln_res", "released_code"):
+    if m.ran.transition not in RAN_TRANSITIONS:
         raise ConfigError(f"model.ran.transition '{m.ran.transition}' unknown; choose from "
-                          "paper, no_ln_res, released_code")
+                          + ", ".join(RAN_TRANSITIONS))
+    if m.ran.init not in RAN_INITS:
+        raise ConfigError(f"model.ran.init '{m.ran.init}' unknown; choose from "
+                          + ", ".join(RAN_INITS))
+    if m.cross_attention_dropout >= 1.0:
+        raise ConfigError("model.cross_attention_dropout must be < 1 (negative = "
+                          "model.attention_dropout)")
     if m.encoder.layers < 1 or m.decoder.layers < 1:
         raise ConfigError("model.encoder.layers and model.decoder.layers must be >= 1")
     d = cfg.decode

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import random_batch, tiny_model
-from ranmt.attention.ran import RANShared
+from ranmt.attention.ran import RANShared, initial_matrices
 from ranmt.model import count_parameters
 
 
@@ -48,6 +48,114 @@ def test_no_ln_res_and_released_code_transitions():
         torch.testing.assert_close(released.matrices()[0], a0 + released.transition_out(hidden))
     with pytest.raises(ValueError, match="transition"):
         RANShared(2, 5, 1, transition="gru")
+
+
+def _with_random_biases(shared: RANShared) -> RANShared:
+    with torch.no_grad():
+        for name, param in shared.named_parameters():
+            if name.endswith("bias") or name.startswith("norm."):
+                param.normal_()
+    return shared
+
+
+def test_released_tanh_transition_is_rec_func_1():
+    """rec_func 1 of the authors' code: A_l = A_{l-1} + tanh(A_{l-1} W^T + b) (no LN)."""
+    torch.manual_seed(1)
+    shared = _with_random_biases(RANShared(heads=3, size=6, layers=2,
+                                           transition="released_tanh"))
+    W, b = shared.transition.weight.detach(), shared.transition.bias.detach()
+    current, expected = shared.initial_attention.detach(), []
+    for _ in range(2):
+        current = current + torch.tanh(current @ W.T + b)
+        expected.append(current)
+    with torch.no_grad():
+        for got, want in zip(shared.matrices(), expected):
+            torch.testing.assert_close(got, want)
+
+
+def test_released_relu_transition_is_rec_func_2():
+    """rec_func 2: A_l = A_{l-1} + relu(A_{l-1} W^T + b)."""
+    torch.manual_seed(2)
+    shared = _with_random_biases(RANShared(heads=2, size=5, layers=3,
+                                           transition="released_relu"))
+    W, b = shared.transition.weight.detach(), shared.transition.bias.detach()
+    current = shared.initial_attention.detach()
+    with torch.no_grad():
+        for got in shared.matrices():
+            current = current + (current @ W.T + b).clamp(min=0)
+            torch.testing.assert_close(got, current)
+
+
+def test_released_ln_ffn_transition_is_rec_func_3():
+    """rec_func 3: A_l = A_{l-1} + W_2 relu(W_1 LN(A_{l-1}) + b_1) + b_2."""
+    torch.manual_seed(3)
+    shared = _with_random_biases(RANShared(heads=2, size=6, layers=2,
+                                           transition="released_ln_ffn", released_hidden=9))
+    W1, b1 = shared.transition_in.weight.detach(), shared.transition_in.bias.detach()
+    W2, b2 = shared.transition_out.weight.detach(), shared.transition_out.bias.detach()
+    gamma, beta = shared.norm.weight.detach(), shared.norm.bias.detach()
+    current = shared.initial_attention.detach()
+    with torch.no_grad():
+        for got in shared.matrices():
+            mean = current.mean(-1, keepdim=True)
+            var = current.var(-1, unbiased=False, keepdim=True)
+            normed = (current - mean) / torch.sqrt(var + 1e-5) * gamma + beta
+            current = current + (normed @ W1.T + b1).clamp(min=0) @ W2.T + b2
+            torch.testing.assert_close(got, current)
+
+
+def test_initial_matrix_bounds():
+    """xavier_whole: one xavier-uniform over (H, N, N), bound sqrt(6 / (N*N + H*N)) as in
+    the authors' code (0.0094 at N = 256, H = 8); xavier_per_head: sqrt(6 / 2N) (0.108)."""
+    torch.manual_seed(0)
+    heads, size = 8, 256
+    whole = initial_matrices(heads, size, "xavier_whole")
+    per_head = initial_matrices(heads, size, "xavier_per_head")
+    whole_bound = (6 / (size * size + heads * size)) ** 0.5
+    head_bound = (6 / (2 * size)) ** 0.5
+    assert abs(whole_bound - 0.0094) < 1e-4 and abs(head_bound - 0.1083) < 1e-4
+    for matrix, bound in ((whole, whole_bound), (per_head, head_bound)):
+        assert matrix.abs().max() <= bound
+        assert matrix.abs().max() > 0.99 * bound  # 524k draws reach the edge
+        # a uniform(-a, a) has standard deviation a / sqrt(3)
+        assert abs(matrix.std().item() - bound / 3 ** 0.5) < 0.01 * bound
+    with pytest.raises(ValueError, match="ran.init"):
+        initial_matrices(2, 4, "normal")
+
+
+def test_default_init_is_the_authors_and_config_selects_per_head():
+    model, cfg = tiny_model(**{"model.arch": "ran-all"})
+    m = cfg.model
+    a0 = model.encoder.layers[0].self_attention.shared.initial_attention
+    whole_bound = (6 / (m.max_positions ** 2 + m.heads * m.max_positions)) ** 0.5
+    assert cfg.model.ran.init == "xavier_whole" and a0.abs().max() <= whole_bound
+    model, _ = tiny_model(**{"model.arch": "ran-all", "model.ran.init": "xavier_per_head"})
+    a0 = model.encoder.layers[0].self_attention.shared.initial_attention
+    assert a0.abs().max() > 2 * whole_bound
+
+
+@pytest.mark.parametrize("arch,component", [("ran-e", "encoder"), ("ran-d", "decoder"),
+                                            ("syn-r", "encoder"), ("syn-r", "decoder")])
+def test_attention_dropout_masks_differ_across_sentences(arch, component):
+    """Identical sentences in one batch must get different attention-dropout masks (the
+    decoder's training path once drew one (1, H, T, S) mask for the whole batch)."""
+    key = "model.synthesizer.attention_dropout" if arch == "syn-r" \
+        else "model.ran.attention_dropout"
+    model, cfg = tiny_model(**{"model.arch": arch, key: "0.5", "model.dropout": "0.0"})
+    layer = getattr(model, component).layers[0]
+    attention = layer.self_attention
+    attention.train()
+    torch.manual_seed(0)
+    x = torch.randn(1, 9, cfg.model.d_model).expand(6, -1, -1)  # 6 identical sentences
+    causal = component == "decoder"
+    state = attention.initial_state()
+    out = attention(x, x, causal=causal, state=state).context  # (6, 9, d)
+    for i in range(1, 6):
+        assert not torch.allclose(out[0], out[i])
+    attention.dropout = 0.0  # without dropout the identical sentences agree
+    out = attention(x, x, causal=causal, state=state).context
+    for i in range(1, 6):
+        torch.testing.assert_close(out[0], out[i])
 
 
 @pytest.mark.parametrize("arch", ["ran-e", "ran-d", "ran-all", "syn-r"])

@@ -12,6 +12,10 @@ is in eval mode and no gradient is recorded, the per-layer matrices come from a 
 is recomputed only when a parameter changed (tracked by tensor version counters), and the
 decoder's causal softmax is cached too. Incremental decoding keeps only the values
 (``cache["v"]``, (B, H, t, d_h)) and reads row t of the cached, softmaxed matrix.
+
+In training, attention dropout draws an independent mask for every sentence of the batch:
+weights shared by the batch (1, H, T, S) are expanded to (B, H, T, S) before the mask is
+drawn.
 """
 
 from __future__ import annotations
@@ -125,6 +129,10 @@ class LearnedMatrixAttention(Attention):
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
+        if self.training and self.dropout > 0:
+            # One dropout mask per sentence, as in any dropout: weights shared by the batch
+            # (1, H, T, S) are expanded to (B, H, T, S) before the mask is drawn.
+            weights = weights.expand(values.shape[0], -1, -1, -1)
         dropped = F.dropout(weights, self.dropout, self.training)
         context = dropped @ values  # (B, H, T, d_h)
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None

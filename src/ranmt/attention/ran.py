@@ -2,15 +2,29 @@
 
 Per stack (encoder or decoder), shared by all its layers and heads (:class:`RANShared`):
 
-* Initial Attention Matrices ``A_0`` (H, N, N), xavier-uniform per head, trainable unless
-  ``ran.fixed_initial`` (Table 3 ablation);
+* Initial Attention Matrices ``A_0`` (H, N, N), trainable unless ``ran.fixed_initial``
+  (Table 3 ablation). ``ran.init``: ``xavier_whole`` (default) draws one xavier-uniform over
+  the whole (H, N, N) tensor as the authors' released code does (bound
+  ``sqrt(6 / (N*N + H*N))``, about 0.0094 for N = 256, H = 8); ``xavier_per_head`` draws
+  each (N, N) head separately (bound ``sqrt(6 / 2N)``, about 0.108 for N = 256).
 * the Recurrent Transition Module, acting on the key dimension of every row:
 
   - ``paper`` (Eq. 3-4):    ``A_l = LN(tanh(A_{l-1} W^T + b)) + A_{l-1}``
   - ``no_ln_res`` (Table 3): ``A_l = tanh(A_{l-1} W^T + b)``
-  - ``released_code``:       ``A_l = A_{l-1} + W_2 relu(W_1 A_{l-1} + b_1) + b_2``
-    (N -> ``ran.released_hidden`` -> N, no LayerNorm; the default transition of the
-    authors' released code, which differs from Eq. 3).
+
+  and the transitions of the authors' released code (github lemon0830/RAN, ``thseq``
+  encoder/decoder, option ``rec_func``), all with the residual and none with Eq. 3's LN:
+
+  - ``released_code`` (``rec_func 0``, their default):
+    ``A_l = A_{l-1} + W_2 relu(W_1 A_{l-1} + b_1) + b_2`` (N -> ``ran.released_hidden`` -> N)
+  - ``released_tanh`` (``rec_func 1``): ``A_l = A_{l-1} + tanh(A_{l-1} W^T + b)``
+  - ``released_relu`` (``rec_func 2``): ``A_l = A_{l-1} + relu(A_{l-1} W^T + b)``
+  - ``released_ln_ffn`` (``rec_func 3``):
+    ``A_l = A_{l-1} + W_2 relu(W_1 LN(A_{l-1}) + b_1) + b_2``
+
+  Initialisation follows the same code: xavier-uniform weights and zero biases for the
+  paper's linear and the feed-forward transitions; PyTorch's default ``nn.Linear`` init
+  for ``released_tanh`` / ``released_relu`` (their code leaves those at the default).
 
 Layer l attends with ``softmax(A_l[:, :T, :S])`` (Eq. 2) over values ``x W_v``; the decoder
 uses the lower triangle only. ``A_l`` travels up the stack as the attention's ``state``.
@@ -30,31 +44,48 @@ from ranmt.attention.learned_matrix import (
     xavier_per_head_,
 )
 
-TRANSITIONS = ("paper", "no_ln_res", "released_code")
+TRANSITIONS = ("paper", "no_ln_res", "released_code", "released_tanh", "released_relu",
+               "released_ln_ffn")
+INITS = ("xavier_whole", "xavier_per_head")
+_FEED_FORWARD = ("released_code", "released_ln_ffn")
+
+
+def initial_matrices(heads: int, size: int, init: str) -> Tensor:
+    """A_0 (H, N, N) drawn as ``ran.init`` says (see the module docstring)."""
+    if init not in INITS:
+        raise ValueError(f"ran.init '{init}' unknown; choose from {INITS}")
+    matrix = torch.empty(heads, size, size)
+    if init == "xavier_per_head":
+        return xavier_per_head_(matrix)
+    with torch.no_grad():
+        # fan_in = N * N, fan_out = H * N for a 3-D tensor: the released code's bound.
+        nn.init.xavier_uniform_(matrix)
+    return matrix
 
 
 class RANShared(nn.Module):
     """A_0 and the Recurrent Transition Module of one stack; caches A_1..A_L for inference."""
 
     def __init__(self, heads: int, size: int, layers: int, transition: str = "paper",
-                 fixed_initial: bool = False, released_hidden: int = 1024):
+                 fixed_initial: bool = False, released_hidden: int = 1024,
+                 init: str = "xavier_whole"):
         super().__init__()
         if transition not in TRANSITIONS:
             raise ValueError(f"ran.transition '{transition}' unknown; choose from {TRANSITIONS}")
         self.kind = transition
         self.layers = layers
-        self.initial_attention = nn.Parameter(xavier_per_head_(torch.empty(heads, size, size)),
+        self.initial_attention = nn.Parameter(initial_matrices(heads, size, init),
                                               requires_grad=not fixed_initial)
-        if transition == "released_code":
+        if transition in _FEED_FORWARD:
             self.transition_in = nn.Linear(size, released_hidden)
             self.transition_out = nn.Linear(released_hidden, size)
-            modules = (self.transition_in, self.transition_out)
+            xavier_modules = (self.transition_in, self.transition_out)
         else:
             self.transition = nn.Linear(size, size)
-            modules = (self.transition,)
-            if transition == "paper":
-                self.norm = nn.LayerNorm(size)
-        for module in modules:
+            xavier_modules = (self.transition,) if transition in ("paper", "no_ln_res") else ()
+        if transition in ("paper", "released_ln_ffn"):
+            self.norm = nn.LayerNorm(size)
+        for module in xavier_modules:
             nn.init.xavier_uniform_(module.weight)
             nn.init.zeros_(module.bias)
         self._matrices = VersionedCache()
@@ -62,11 +93,17 @@ class RANShared(nn.Module):
 
     def step(self, previous: Tensor) -> Tensor:
         """One application of the transition: A_{l-1} (H, R, N) -> A_l (H, R, N)."""
-        if self.kind == "paper":
+        kind = self.kind
+        if kind == "paper":
             return self.norm(torch.tanh(self.transition(previous))) + previous  # Eq. 3-4
-        if self.kind == "no_ln_res":
+        if kind == "no_ln_res":
             return torch.tanh(self.transition(previous))
-        return previous + self.transition_out(torch.relu(self.transition_in(previous)))
+        if kind == "released_tanh":
+            return previous + torch.tanh(self.transition(previous))
+        if kind == "released_relu":
+            return previous + torch.relu(self.transition(previous))
+        normed = self.norm(previous) if kind == "released_ln_ffn" else previous
+        return previous + self.transition_out(torch.relu(self.transition_in(normed)))
 
     def _all_layers(self) -> list[Tensor]:
         matrices, current = [], self.initial_attention
@@ -99,7 +136,7 @@ class RecurrentAttention(LearnedMatrixAttention):
     def build_shared(spec: AttentionSpec) -> RANShared:
         options = spec.options["ran"]
         return RANShared(spec.heads, spec.max_positions, spec.num_layers, options.transition,
-                         options.fixed_initial, options.released_hidden)
+                         options.fixed_initial, options.released_hidden, options.init)
 
     def initial_state(self) -> Tensor:
         return self.shared.initial_attention  # A_0 (H, N, N)

@@ -204,9 +204,14 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
     options = {"ran": cfg.ran, "synthesizer": cfg.synthesizer, "hardcoded": cfg.hardcoded,
                "recurrent_cross": cfg.recurrent_cross}
 
+    def attention_dropout(role: str) -> float:
+        if role == "cross" and cfg.cross_attention_dropout >= 0:
+            return cfg.cross_attention_dropout
+        return cfg.attention_dropout
+
     def spec(role: str, index: int, layers: int, shared: Any, heads: int = 0) -> AttentionSpec:
         return AttentionSpec(d_model=d, heads=heads or cfg.heads,
-                             dropout=cfg.attention_dropout, max_positions=cfg.max_positions,
+                             dropout=attention_dropout(role), max_positions=cfg.max_positions,
                              role=role, layer_index=index, num_layers=layers, shared=shared,
                              options=options)
 

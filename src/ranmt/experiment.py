@@ -281,7 +281,7 @@ def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
 
 
 def _metrics_in_order(task: str) -> list[str]:
-    """The task's metrics in the RAN paper's row order (BLEU, SacreBLEU, chrF, TER), then the rest."""
+    """The metrics in the RAN paper's row order (BLEU, SacreBLEU, chrF, TER), then the rest."""
     return sorted(TASK_METRICS[task],
                   key=lambda m: list(ROW_NAMES).index(m) if m in ROW_NAMES else 99)
 

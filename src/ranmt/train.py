@@ -187,299 +187,381 @@ def _latest_training_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
-    """Train (or resume) a model; return a summary dict (steps, best BLEU, tokens/s...)."""
-    data_dir, run_dir = Path(data_dir), Path(run_dir)
-    meta = load_meta(data_dir)
-    cfg.data.dir = str(data_dir)
-    cfg.model.src_vocab_size = meta["src_vocab_size"]
-    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
-    cfg.model.joint_vocab = bool(meta["joint_vocab"])
-    if cfg.model.hardcoded.gamma <= 0:
-        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
-    vocab_files = {"src": data_dir / "spm.src.model", "tgt": data_dir / "spm.tgt.model"}
+class TrainingRun:
+    """One training run as a recipe that reads top to bottom (torchtune style).
 
-    ctx, device = init_distributed(cfg.train.device)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    autocast_dtype = _autocast_dtype(cfg.train.precision, device)
-    torch.manual_seed(cfg.train.seed)
+    ``__init__`` sets everything up (config from the data, device, model and optimizer,
+    resumed state, data, validation, logging); :meth:`run` loops over epochs and
+    :meth:`optimizer_step` until a budget or a signal stops it, validating and
+    checkpointing every ``train.validate_every`` steps; :meth:`finish` validates and saves
+    the last step and writes ``summary.json``.
+    """
 
-    resume_from = _latest_training_checkpoint(run_dir)
-    trainer_state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "elapsed": 0.0,
-                     "best_bleu": None, "best_step": None, "bad_validations": 0,
-                     "nonfinite_skipped": 0}
-    if resume_from is not None:
-        model, saved_cfg, saved_meta, _ = load_checkpoint(resume_from, device)
-        if to_dict(saved_cfg.model) != to_dict(cfg.model):
-            print(f"note: resuming {run_dir} with the model config stored in its checkpoint",
-                  file=sys.stderr)
-            cfg.model = from_dict({"model": to_dict(saved_cfg.model)}).model
-        trainer_state.update(saved_meta["trainer"])
-    else:
-        model = build_model(cfg.model).to(device)
-    model.train()
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg, run_dir / "config.yaml")
-    # The model used for training steps: DDP-wrapped across ranks, optionally compiled.
-    # Checkpoints, validation and decoding always use the plain `model`.
-    step_model = ddp_model = model
-    if ctx.enabled:
-        step_model = ddp_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.train.compile:
-        step_model = torch.compile(step_model)
+    def __init__(self, cfg: Config, data_dir: str | Path, run_dir: str | Path):
+        self.cfg, self.t = cfg, cfg.train
+        self.data_dir, self.run_dir = Path(data_dir), Path(run_dir)
+        self._setup_config_from_data()
+        self._setup_device()
+        self._setup_model_and_optimizer()
+        self._setup_data()
+        self._setup_logging()
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr,
-                                 betas=tuple(cfg.train.adam_betas), eps=cfg.train.adam_eps,
-                                 weight_decay=cfg.train.weight_decay)
-    if resume_from is not None:
-        optim_state, extra = load_training_state(resume_from)
-        optimizer.load_state_dict(optim_state)
-        torch.set_rng_state(extra["cpu_rng"])
-        if device.type == "cuda" and "cuda_rng" in extra:
-            torch.cuda.set_rng_state(extra["cuda_rng"], device)
-    scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
+    # ---- setup
+    def _setup_config_from_data(self) -> None:
+        """Vocabulary sizes and gamma come from the prepared data's meta.json."""
+        cfg, meta = self.cfg, load_meta(self.data_dir)
+        cfg.data.dir = str(self.data_dir)
+        cfg.model.src_vocab_size = meta["src_vocab_size"]
+        cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
+        cfg.model.joint_vocab = bool(meta["joint_vocab"])
+        if cfg.model.hardcoded.gamma <= 0:
+            cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
+        self.vocab_files = {"src": self.data_dir / "spm.src.model",
+                            "tgt": self.data_dir / "spm.tgt.model"}
 
-    train_split = load_split(data_dir, "train")
-    valid_split = load_split(data_dir, "valid")
-    references = raw_text(data_dir, "valid", "tgt")
-    src_lens, tgt_lens = train_split.lengths()
-    too_long = (src_lens >= cfg.model.max_positions) | (tgt_lens >= cfg.model.max_positions)
-    if too_long.any():
-        # Data prepared with a larger --max-positions than the model's N: skip, and say so.
-        keep = np.flatnonzero(~too_long)
-        print(f"note: {int(too_long.sum())} training pair(s) longer than model.max_positions-1 "
-              f"= {cfg.model.max_positions - 1} subwords are skipped", file=sys.stderr)
-        train_split = type(train_split)([train_split.src[i] for i in keep],
-                                        [train_split.tgt[i] for i in keep])
-        src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
-    translator = None
-    if cfg.train.validate_bleu:
-        translator = Translator(model, cfg, Vocab(vocab_files["src"]), Vocab(vocab_files["tgt"]),
-                                device)
-        translator.decode_config = type(cfg.decode)(**{**to_dict(cfg.decode), "beam": 1,
-                                                       "nbest": 1, "truncate_long": True})
+    def _setup_device(self) -> None:
+        self.ctx, self.device = init_distributed(self.t.device)
+        if self.t.threads > 0:
+            torch.set_num_threads(self.t.threads)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.autocast_dtype = _autocast_dtype(self.t.precision, self.device)
+        torch.manual_seed(self.t.seed)
 
-    log = Logger(run_dir, cfg.train.tensorboard) if ctx.is_main else NullLogger()
-    params = count_parameters(model)
-    log.line(f"ranmt train: {params['total']:,} parameters, device {device}, "
-             f"precision {autocast_dtype or 'fp32'}, {len(train_split)} training pairs"
-             + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
-                f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
-             + (f", resuming from {resume_from.name}" if resume_from else ""))
-    if ctx.is_main:
-        (run_dir / "parameters.json").write_text(json.dumps(params, indent=1))
-
-    max_time = parse_duration(cfg.train.max_time)
-    t = cfg.train
-    step, epoch = trainer_state["step"], trainer_state["epoch"]
-    start_batch = trainer_state["batch_in_epoch"]
-    start_time = time.monotonic() - trainer_state["elapsed"]
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
-    total_tokens, total_train_time = 0, 0.0
-    last_validated = step if resume_from is not None else -1
-    stop_reason = None
-    progress = tqdm(total=t.max_steps or None, initial=step,
-                    disable=not t.progress or not ctx.is_main,
-                    unit="step", dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
-
-    def checkpoint(valid_result: dict | None) -> None:
-        nonlocal trainer_state
-        if not ctx.is_main:
-            return
-        trainer_state.update({"step": step, "epoch": epoch, "batch_in_epoch": batch_index,
-                              "elapsed": time.monotonic() - start_time})
-        extra = {"cpu_rng": torch.get_rng_state()}
-        if device.type == "cuda":
-            extra["cuda_rng"] = torch.cuda.get_rng_state(device)
-        target = run_dir / "checkpoints" / f"step_{step:08d}"
-        save_checkpoint(target, model, cfg, vocab_files, dict(trainer_state), optimizer, extra)
-        kept = step_checkpoints(run_dir)
-        for old in kept[: max(0, len(kept) - max(t.keep_last, 1))]:
-            shutil.rmtree(old, ignore_errors=True)
-        if valid_result is not None and trainer_state["best_step"] == step:
-            save_checkpoint(run_dir / "best", model, cfg, vocab_files,
-                            {**trainer_state, "valid": valid_result})
-
-    def run_validation() -> dict | None:
-        """Validate on rank 0 (the others wait); every rank learns an early stop."""
-        nonlocal stop_reason
-        if not ctx.is_main:
-            stop_reason = broadcast_object(None, ctx)
-            return None
-        result = validate(model, valid_split, cfg, device, autocast_dtype, translator,
-                          references)
-        metric = result.get("valid_bleu", -result["valid_loss"])
-        best = trainer_state["best_bleu"]
-        if best is None or metric > best:
-            trainer_state.update({"best_bleu": metric, "best_step": step,
-                                  "bad_validations": 0})
+    def _setup_model_and_optimizer(self) -> None:
+        """Build (or load the latest step checkpoint of) the model; Adam; the RNG state."""
+        cfg, device, run_dir = self.cfg, self.device, self.run_dir
+        self.resume_from = _latest_training_checkpoint(run_dir)
+        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "elapsed": 0.0,
+                      "best_bleu": None, "best_step": None, "bad_validations": 0,
+                      "nonfinite_skipped": 0, "validations": []}
+        if self.resume_from is not None:
+            model, saved_cfg, saved_meta, _ = load_checkpoint(self.resume_from, device)
+            if to_dict(saved_cfg.model) != to_dict(cfg.model):
+                print(f"note: resuming {run_dir} with the model config stored in its "
+                      "checkpoint", file=sys.stderr)
+                cfg.model = from_dict({"model": to_dict(saved_cfg.model)}).model
+            self.state.update(saved_meta["trainer"])
         else:
-            trainer_state["bad_validations"] += 1
-            if t.patience and trainer_state["bad_validations"] >= t.patience:
-                stop_reason = f"early stopping after {t.patience} validations without gain"
-        log.line(f"validate step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in
-                                                       result.items())
-                 + f" | best {trainer_state['best_bleu']:.4f} at step "
-                 f"{trainer_state['best_step']}")
-        log.scalars(step, {k.replace("_", "/", 1): v for k, v in result.items()})
-        broadcast_object(stop_reason, ctx)
+            model = build_model(cfg.model).to(device)
+        model.train()
+        self.model = model
+        if self.ctx.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_yaml(cfg, run_dir / "config.yaml")
+        # The model used for training steps: DDP-wrapped across ranks, optionally compiled.
+        # Checkpoints, validation and decoding always use the plain `model`.
+        self.step_model = self.ddp_model = model
+        if self.ctx.enabled:
+            self.step_model = self.ddp_model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        if self.t.compile:
+            self.step_model = torch.compile(self.step_model)
+        t = self.t
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,
+                                          betas=tuple(t.adam_betas), eps=t.adam_eps,
+                                          weight_decay=t.weight_decay)
+        if self.resume_from is not None:
+            optim_state, extra = load_training_state(self.resume_from)
+            self.optimizer.load_state_dict(optim_state)
+            torch.set_rng_state(extra["cpu_rng"])
+            if device.type == "cuda" and "cuda_rng" in extra:
+                torch.cuda.set_rng_state(extra["cuda_rng"], device)
+        self.scaler = torch.amp.GradScaler(device.type,
+                                           enabled=self.autocast_dtype == torch.float16)
+
+    def _setup_data(self) -> None:
+        """Training pairs (too long ones skipped), validation split, references, translator."""
+        cfg = self.cfg
+        train_split = load_split(self.data_dir, "train")
+        self.valid_split = load_split(self.data_dir, "valid")
+        self.references = raw_text(self.data_dir, "valid", "tgt")
+        src_lens, tgt_lens = train_split.lengths()
+        too_long = (src_lens >= cfg.model.max_positions) | (tgt_lens >= cfg.model.max_positions)
+        if too_long.any():
+            # Data prepared with a larger --max-positions than the model's N: skip, say so.
+            keep = np.flatnonzero(~too_long)
+            print(f"note: {int(too_long.sum())} training pair(s) longer than "
+                  f"model.max_positions-1 = {cfg.model.max_positions - 1} subwords are "
+                  "skipped", file=sys.stderr)
+            train_split = type(train_split)([train_split.src[i] for i in keep],
+                                            [train_split.tgt[i] for i in keep])
+            src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
+        self.train_split, self.src_lens, self.tgt_lens = train_split, src_lens, tgt_lens
+        self.translator = None
+        if cfg.train.validate_bleu:
+            self.translator = Translator(self.model, cfg, Vocab(self.vocab_files["src"]),
+                                         Vocab(self.vocab_files["tgt"]), self.device)
+            self.translator.decode_config = type(cfg.decode)(
+                **{**to_dict(cfg.decode), "beam": 1, "nbest": 1, "truncate_long": True})
+
+    def _setup_logging(self) -> None:
+        ctx, t = self.ctx, self.t
+        self.log = Logger(self.run_dir, t.tensorboard) if ctx.is_main else NullLogger()
+        self.params = count_parameters(self.model)
+        self.log.line(
+            f"ranmt train: {self.params['total']:,} parameters, device {self.device}, "
+            f"precision {self.autocast_dtype or 'fp32'}, {len(self.train_split)} training pairs"
+            + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
+               f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
+            + (f", resuming from {self.resume_from.name}" if self.resume_from else ""))
+        if ctx.is_main:
+            (self.run_dir / "parameters.json").write_text(json.dumps(self.params, indent=1))
+        self.max_time = parse_duration(t.max_time)
+        self.step, self.epoch = self.state["step"], self.state["epoch"]
+        self.batch_index = self.state["batch_in_epoch"]
+        self.start_time = time.monotonic() - self.state["elapsed"]
+        self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
+        self.data_wait = 0.0  # seconds spent building batches in the current log window
+        self.total_tokens, self.total_train_time = 0, 0.0
+        self.nonfinite_in_a_row = 0
+        self.last_validated = self.step if self.resume_from is not None else -1
+        self.stop_reason: str | None = None
+        self.progress = tqdm(total=t.max_steps or None, initial=self.step,
+                             disable=not t.progress or not ctx.is_main, unit="step",
+                             dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
+
+    # ---- the loop
+    def run(self) -> dict:
+        """Train until a budget, early stopping or a signal; return the summary."""
+        if self.resume_from is not None:  # a finished run resumed with the same budget
+            self.stop_reason = self._budget_reached(out_of_time=self._out_of_time())
+        with _StopSignal() as self.stop_signal:
+            while self.stop_reason is None:
+                if self.t.max_epochs and self.epoch >= self.t.max_epochs:
+                    self.stop_reason = f"max_epochs={self.t.max_epochs} reached"
+                    break
+                self.run_epoch()
+            self.finish()
+        return self.summary()
+
+    def run_epoch(self) -> None:
+        """The rest of the current epoch: optimizer steps from ``batch_index`` on."""
+        ctx, t = self.ctx, self.t
+        batches = make_batches(self.src_lens, self.tgt_lens, self.cfg.data.max_tokens,
+                               self.cfg.data.max_sentences, seed=t.seed, epoch=self.epoch,
+                               noise=self.cfg.data.bucket_noise)
+        # One optimizer step consumes world_size x accumulation consecutive batches;
+        # rank r takes every world_size-th of them (a disjoint shard of the epoch).
+        per_step = ctx.world_size * t.accumulation
+        plan, position = [], self.batch_index
+        while len(batches) - position >= ctx.world_size:
+            plan.extend(batches[position: position + per_step][ctx.rank::ctx.world_size])
+            position += min(per_step, len(batches) - position)
+        prefetcher = BatchPrefetcher(self.train_split, plan)  # a worker builds the batches
+        try:
+            while len(batches) - self.batch_index >= ctx.world_size:
+                group = batches[self.batch_index: self.batch_index + per_step][
+                    ctx.rank::ctx.world_size]
+                self.batch_index += min(per_step, len(batches) - self.batch_index)
+                if not self.optimizer_step(group, prefetcher):
+                    if self.stop_reason is not None:
+                        break
+                    continue
+                self._after_step()
+                if self.stop_reason is not None:
+                    break
+        finally:
+            prefetcher.close()
+        if self.stop_reason is None:
+            self.epoch += 1
+            self.batch_index = 0
+
+    def optimizer_step(self, group: list, prefetcher: BatchPrefetcher) -> bool:
+        """Forward/backward over the step's batches, then one update; False if skipped."""
+        ctx, t, device = self.ctx, self.t, self.device
+        step_start = time.monotonic()
+        self.optimizer.zero_grad(set_to_none=True)
+        local_tokens = sum(int((self.tgt_lens[b] + 1).sum()) for b in group)
+        group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
+        # DDP averages gradients over ranks: scale so the result is the sum of all ranks'
+        # losses over all their target tokens (equal to one big batch).
+        loss_scale = ctx.world_size / group_tokens
+        local_loss = local_nll = 0.0
+        for position, indices in enumerate(group):
+            wait_start = time.monotonic()
+            batch = next(prefetcher)
+            assert batch.indices is indices, "batch plan out of step"
+            batch = batch.to(device)
+            self.data_wait += time.monotonic() - wait_start
+            last = position == len(group) - 1
+            # accumulate locally; all-reduce only with the group's last backward
+            sync = contextlib.nullcontext() if (last or not ctx.enabled) \
+                else self.ddp_model.no_sync()
+            with sync:
+                with torch.autocast(device.type, dtype=self.autocast_dtype,
+                                    enabled=self.autocast_dtype is not None):
+                    logits = self.step_model(batch.src, batch.tgt_in)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+                self.scaler.scale(loss * loss_scale).backward()
+            local_loss += float(loss.detach())
+            local_nll += float(nll)
+        group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
+        if not math.isfinite(group_loss):
+            self._skip_nonfinite()
+            return False
+        self.nonfinite_in_a_row = 0
+        self.lr = inverse_sqrt_lr(self.step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
+        for group_params in self.optimizer.param_groups:
+            group_params["lr"] = self.lr
+        self.scaler.unscale_(self.optimizer)
+        if t.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.step += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed_step = time.monotonic() - step_start
+        for key, value in (("loss", group_loss), ("nll", group_nll), ("tokens", group_tokens),
+                           ("time", elapsed_step), ("steps", 1)):
+            self.window[key] += value
+        self.total_tokens += group_tokens
+        self.total_train_time += elapsed_step
+        self.progress.update(1)
+        return True
+
+    def _skip_nonfinite(self) -> None:
+        """A non-finite loss: drop the update, count it, stop after too many in a row."""
+        self.state["nonfinite_skipped"] += 1
+        self.nonfinite_in_a_row += 1
+        self.log.line(f"step {self.step + 1}: non-finite loss, update skipped "
+                      f"({self.state['nonfinite_skipped']} so far, "
+                      f"{self.nonfinite_in_a_row} in a row)")
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler.is_enabled():
+            self.scaler.update()
+        if self.nonfinite_in_a_row >= self.t.max_nonfinite:
+            self.stop_reason = (f"{self.nonfinite_in_a_row} non-finite losses in a row "
+                                "(train.max_nonfinite); lower train.lr or check the data")
+
+    def _after_step(self) -> None:
+        """Log, check the budgets (every rank decides alike), validate and checkpoint."""
+        if self.step % self.t.log_every == 0:
+            self._log_window()
+        elapsed = time.monotonic() - self.start_time
+        # Every rank must take the same decision: combine the time/signal flags.
+        out_of_time, signalled = all_reduce_sum(
+            [float(bool(self.max_time) and elapsed >= self.max_time),
+             float(self.stop_signal.received is not None)], self.ctx, self.device)
+        self.stop_reason = self._budget_reached(out_of_time=bool(out_of_time),
+                                                epochs=False)
+        if self.stop_reason is None and signalled:
+            self.stop_reason = f"{self.stop_signal.received or 'signal'} received"
+        if self.step % self.t.validate_every == 0 and self.stop_reason is None:
+            self.checkpoint(self.run_validation())
+            self.last_validated = self.step
+
+    def _out_of_time(self) -> bool:
+        return bool(self.max_time) and time.monotonic() - self.start_time >= self.max_time
+
+    def _budget_reached(self, out_of_time: bool, epochs: bool = True) -> str | None:
+        t = self.t
+        if t.max_steps and self.step >= t.max_steps:
+            return f"max_steps={t.max_steps} reached"
+        if out_of_time:
+            return f"max_time={t.max_time} reached"
+        if epochs and t.max_epochs and self.epoch >= t.max_epochs:
+            return f"max_epochs={t.max_epochs} reached"
+        return None
+
+    def _log_window(self) -> None:
+        window = self.window
+        tok_s = window["tokens"] / max(window["time"], 1e-9)
+        wait_share = self.data_wait / max(window["time"], 1e-9)
+        loss_avg = window["loss"] / window["tokens"]
+        ppl = math.exp(min(window["nll"] / window["tokens"], 50))
+        self.log.line(f"step {self.step} epoch {self.epoch + 1} | loss {loss_avg:.4f} ppl "
+                      f"{ppl:.2f} | lr {self.lr:.3e} | {tok_s:,.0f} tgt tok/s | data wait "
+                      f"{100 * wait_share:.1f}%")
+        self.log.scalars(self.step, {"train/loss": loss_avg, "train/ppl": ppl,
+                                     "train/lr": self.lr, "train/tokens_per_s": tok_s})
+        self.progress.set_postfix(loss=f"{loss_avg:.3f}", lr=f"{self.lr:.2e}",
+                                  tok_s=f"{tok_s:,.0f}")
+        self.window = {k: 0.0 if k != "tokens" else 0 for k in window}
+        self.data_wait = 0.0
+
+    # ---- validation and checkpoints
+    def run_validation(self) -> dict | None:
+        """Validate on rank 0 (the others wait); every rank learns an early stop."""
+        ctx, t, state = self.ctx, self.t, self.state
+        if not ctx.is_main:
+            self.stop_reason = broadcast_object(None, ctx)
+            return None
+        result = validate(self.model, self.valid_split, self.cfg, self.device,
+                          self.autocast_dtype, self.translator, self.references)
+        metric = result.get("valid_bleu", -result["valid_loss"])
+        best = state["best_bleu"]
+        if best is None or metric > best:
+            state.update({"best_bleu": metric, "best_step": self.step, "bad_validations": 0})
+        else:
+            state["bad_validations"] += 1
+            if t.patience and state["bad_validations"] >= t.patience:
+                self.stop_reason = f"early stopping after {t.patience} validations without gain"
+        state["validations"] = [*state.get("validations", []), {"step": self.step, **result}]
+        self.log.line(f"validate step {self.step}: "
+                      + ", ".join(f"{k} {v:.4f}" for k, v in result.items())
+                      + f" | best {state['best_bleu']:.4f} at step {state['best_step']}")
+        self.log.scalars(self.step, {k.replace("_", "/", 1): v for k, v in result.items()})
+        broadcast_object(self.stop_reason, ctx)
         return result
 
-    batch_index = start_batch
-    nonfinite_in_a_row = 0
-    data_wait = 0.0  # seconds spent building batches in the current log window
-    if resume_from is not None:  # a finished run resumed with the same budget stops at once
-        if t.max_steps and step >= t.max_steps:
-            stop_reason = f"max_steps={t.max_steps} reached"
-        elif max_time and time.monotonic() - start_time >= max_time:
-            stop_reason = f"max_time={t.max_time} reached"
-        elif t.max_epochs and epoch >= t.max_epochs:
-            stop_reason = f"max_epochs={t.max_epochs} reached"
-    with _StopSignal() as stop_signal:
-        while stop_reason is None:
-            if t.max_epochs and epoch >= t.max_epochs:
-                stop_reason = f"max_epochs={t.max_epochs} reached"
-                break
-            batches = make_batches(src_lens, tgt_lens, cfg.data.max_tokens,
-                                   cfg.data.max_sentences, seed=t.seed, epoch=epoch,
-                                   noise=cfg.data.bucket_noise)
-            # One optimizer step consumes world_size x accumulation consecutive batches;
-            # rank r takes every world_size-th of them (a disjoint shard of the epoch).
-            per_step = ctx.world_size * t.accumulation
-            plan, position = [], batch_index
-            while len(batches) - position >= ctx.world_size:
-                plan.extend(batches[position: position + per_step][ctx.rank::ctx.world_size])
-                position += min(per_step, len(batches) - position)
-            prefetcher = BatchPrefetcher(train_split, plan)  # a worker builds the batches
-            try:
-                while len(batches) - batch_index >= ctx.world_size:
-                    group = batches[batch_index: batch_index + per_step][ctx.rank::ctx.world_size]
-                    step_start = time.monotonic()
-                    optimizer.zero_grad(set_to_none=True)
-                    local_tokens = sum(int((tgt_lens[b] + 1).sum()) for b in group)
-                    group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
-                    # DDP averages gradients over ranks: scale so the result is the sum of all
-                    # ranks' losses over all their target tokens (equal to one big batch).
-                    loss_scale = ctx.world_size / group_tokens
-                    local_loss = local_nll = 0.0
-                    for position, indices in enumerate(group):
-                        wait_start = time.monotonic()
-                        batch = next(prefetcher)
-                        assert batch.indices is indices, "batch plan out of step"
-                        batch = batch.to(device)
-                        data_wait += time.monotonic() - wait_start
-                        last = position == len(group) - 1
-                        # accumulate locally; all-reduce only with the group's last backward
-                        sync = contextlib.nullcontext() if (last or not ctx.enabled) \
-                            else ddp_model.no_sync()
-                        with sync:
-                            with torch.autocast(device.type, dtype=autocast_dtype,
-                                                enabled=autocast_dtype is not None):
-                                logits = step_model(batch.src, batch.tgt_in)
-                            loss, nll = label_smoothed_loss(logits, batch.tgt_out,
-                                                            t.label_smoothing)
-                            scaler.scale(loss * loss_scale).backward()
-                        local_loss += float(loss.detach())
-                        local_nll += float(nll)
-                    group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
-                    batch_index += min(per_step, len(batches) - batch_index)
-                    if not math.isfinite(group_loss):
-                        trainer_state["nonfinite_skipped"] += 1
-                        nonfinite_in_a_row += 1
-                        log.line(f"step {step + 1}: non-finite loss, update skipped "
-                                 f"({trainer_state['nonfinite_skipped']} so far, "
-                                 f"{nonfinite_in_a_row} in a row)")
-                        optimizer.zero_grad(set_to_none=True)
-                        if scaler.is_enabled():
-                            scaler.update()
-                        if nonfinite_in_a_row >= t.max_nonfinite:
-                            stop_reason = (f"{nonfinite_in_a_row} non-finite losses in a "
-                                           "row (train.max_nonfinite); lower train.lr or "
-                                           "check the data")
-                            break
-                        continue
-                    nonfinite_in_a_row = 0
-                    lr = inverse_sqrt_lr(step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
-                    for group_params in optimizer.param_groups:
-                        group_params["lr"] = lr
-                    scaler.unscale_(optimizer)
-                    if t.clip_norm > 0:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-                    scaler.step(optimizer)
-                    scaler.update()
-                    step += 1
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    elapsed_step = time.monotonic() - step_start
-                    window["loss"] += group_loss
-                    window["nll"] += group_nll
-                    window["tokens"] += group_tokens
-                    window["time"] += elapsed_step
-                    window["steps"] += 1
-                    total_tokens += group_tokens
-                    total_train_time += elapsed_step
-                    progress.update(1)
-                    if step % t.log_every == 0:
-                        tok_s = window["tokens"] / max(window["time"], 1e-9)
-                        wait_share = data_wait / max(window["time"], 1e-9)
-                        loss_avg = window["loss"] / window["tokens"]
-                        ppl = math.exp(min(window["nll"] / window["tokens"], 50))
-                        log.line(f"step {step} epoch {epoch + 1} | loss {loss_avg:.4f} ppl "
-                                 f"{ppl:.2f} | lr {lr:.3e} | {tok_s:,.0f} tgt tok/s | data wait "
-                                 f"{100 * wait_share:.1f}%")
-                        log.scalars(step, {"train/loss": loss_avg, "train/ppl": ppl, "train/lr": lr,
-                                           "train/tokens_per_s": tok_s})
-                        progress.set_postfix(loss=f"{loss_avg:.3f}", lr=f"{lr:.2e}",
-                                             tok_s=f"{tok_s:,.0f}")
-                        window = {k: 0.0 if k != "tokens" else 0 for k in window}
-                        data_wait = 0.0
-                    elapsed = time.monotonic() - start_time
-                    # Every rank must take the same decision: combine the time/signal flags.
-                    out_of_time, signalled = all_reduce_sum(
-                        [float(bool(max_time) and elapsed >= max_time),
-                         float(stop_signal.received is not None)], ctx, device)
-                    if t.max_steps and step >= t.max_steps:
-                        stop_reason = f"max_steps={t.max_steps} reached"
-                    elif out_of_time:
-                        stop_reason = f"max_time={t.max_time} reached"
-                    elif signalled:
-                        stop_reason = f"{stop_signal.received or 'signal'} received"
-                    if step % t.validate_every == 0 and stop_reason is None:
-                        checkpoint(run_validation())
-                        last_validated = step
-                    if stop_reason is not None:
-                        break
-            finally:
-                prefetcher.close()
-            if stop_reason is None:
-                epoch += 1
-                batch_index = 0
-        progress.close()
-        if last_validated != step:
-            if stop_reason.endswith("received"):
-                checkpoint(None)  # be quick on a signal: save, skip validation
+    def checkpoint(self, valid_result: dict | None) -> None:
+        """Save step_N (keeping the last K) and, if this step is the best, ``best``."""
+        if not self.ctx.is_main:
+            return
+        state, run_dir = self.state, self.run_dir
+        state.update({"step": self.step, "epoch": self.epoch,
+                      "batch_in_epoch": self.batch_index,
+                      "elapsed": time.monotonic() - self.start_time})
+        extra = {"cpu_rng": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        target = run_dir / "checkpoints" / f"step_{self.step:08d}"
+        save_checkpoint(target, self.model, self.cfg, self.vocab_files, dict(state),
+                        self.optimizer, extra)
+        kept = step_checkpoints(run_dir)
+        for old in kept[: max(0, len(kept) - max(self.t.keep_last, 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+        if valid_result is not None and state["best_step"] == self.step:
+            save_checkpoint(run_dir / "best", self.model, self.cfg, self.vocab_files,
+                            {**state, "valid": valid_result})
+
+    # ---- the end
+    def finish(self) -> None:
+        """Validate and save the last step (on a signal: save only, quickly)."""
+        self.progress.close()
+        if self.last_validated != self.step:
+            if self.stop_reason.endswith("received"):
+                self.checkpoint(None)
             else:
-                checkpoint(run_validation())
-        barrier(ctx)
-    tok_s = total_tokens / max(total_train_time, 1e-9)
-    summary = {"steps": step, "epochs_completed": epoch, "stop_reason": stop_reason,
-               "best_valid_bleu": trainer_state["best_bleu"],
-               "best_step": trainer_state["best_step"],
-               "train_tokens_per_s": tok_s, "parameters": params["total"],
-               "wall_time_s": time.monotonic() - start_time,
-               "nonfinite_skipped": trainer_state["nonfinite_skipped"]}
-    log.line(f"done: {stop_reason}; {step} steps, {tok_s:,.0f} target tokens/s, best valid "
-             f"{'BLEU' if cfg.train.validate_bleu else '-loss'} {trainer_state['best_bleu']} "
-             f"at step {trainer_state['best_step']}")
-    if ctx.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        resolve_checkpoint(run_dir)  # sanity: the run is loadable
-    log.close()
-    shutdown(ctx)
-    return summary
+                self.checkpoint(self.run_validation())
+        barrier(self.ctx)
+
+    def summary(self) -> dict:
+        """summary.json: steps, stop reason, best step and whether it is the last step."""
+        state = self.state
+        tok_s = self.total_tokens / max(self.total_train_time, 1e-9)
+        summary = {"steps": self.step, "epochs_completed": self.epoch,
+                   "stop_reason": self.stop_reason, "best_valid_bleu": state["best_bleu"],
+                   "best_step": state["best_step"],
+                   "still_improving": state["best_step"] == self.step,
+                   "validations": state.get("validations", []),
+                   "train_tokens_per_s": tok_s, "parameters": self.params["total"],
+                   "wall_time_s": time.monotonic() - self.start_time,
+                   "nonfinite_skipped": state["nonfinite_skipped"]}
+        self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
+                      f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "
+                      f"{state['best_bleu']} at step {state['best_step']}")
+        if self.ctx.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            resolve_checkpoint(self.run_dir)  # sanity: the run is loadable
+        self.log.close()
+        shutdown(self.ctx)
+        return summary
+
+
+def train(cfg: Config, data_dir: str | Path, run_dir: str | Path) -> dict:
+    """Train (or resume) a model; return a summary dict (steps, best BLEU, tokens/s...)."""
+    return TrainingRun(cfg, data_dir, run_dir).run()

@@ -162,3 +162,128 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
     main(["experiment", str(path), "--out", str(moved)])  # nothing to train: tables only
     again = json.loads((moved / "results.json").read_text())
     assert again["datasets"] == results["datasets"]
+
+
+def test_significance_rule_on_hand_made_scores():
+    """† needs every seed significant in one direction; ‡ is Welch's t-test over seeds."""
+    from scipy.stats import t as student_t
+
+    from ranmt.experiment import compare_over_seeds, significance_marks
+
+    base = {1: 30.0, 2: 31.0, 3: 32.0}
+    variant = {1: 33.0, 2: 34.0, 3: 35.0}
+    result = compare_over_seeds(base, variant, {1: 0.01, 2: 0.02, 3: 0.04}, alpha=0.05)
+    assert result["delta"] == 3.0 and result["per_seed_delta"] == [3.0, 3.0, 3.0]
+    # Welch by its formula: both variances 1, n = 3: t = 3 / sqrt(2/3), df = 4
+    t_stat, df = 3.0 / (2 / 3) ** 0.5, 4.0
+    assert abs(result["welch_p"] - 2 * student_t.sf(t_stat, df)) < 1e-9
+    assert abs(result["welch_p"] - 0.02131) < 1e-4
+    assert result["dagger"] and result["double_dagger"] and significance_marks(result) == "†‡"
+
+    # every seed significant, but the seeds spread too much for the seed-level test
+    spread = compare_over_seeds(base, {1: 32.0, 2: 33.5, 3: 34.0}, {1: 0.01, 2: 0.02, 3: 0.04},
+                                alpha=0.05)
+    var_v = ((7 / 6) ** 2 + (1 / 3) ** 2 + (5 / 6) ** 2) / 2
+    se2 = 1 / 3 + var_v / 3
+    t_stat = ((32.0 + 33.5 + 34.0) / 3 - 31.0) / se2 ** 0.5
+    df = se2 ** 2 / ((1 / 3) ** 2 / 2 + (var_v / 3) ** 2 / 2)
+    assert abs(spread["welch_p"] - 2 * student_t.sf(t_stat, df)) < 1e-9
+    assert spread["dagger"] and not spread["double_dagger"] and significance_marks(spread) == "†"
+    # one seed not significant: no dagger (the seed-level test is unchanged)
+    one_weak = compare_over_seeds(base, variant, {1: 0.01, 2: 0.2, 3: 0.04}, alpha=0.05)
+    assert not one_weak["dagger"] and one_weak["double_dagger"]
+    assert significance_marks(one_weak) == "‡"
+    # every seed significant but one in the other direction: no dagger
+    mixed = compare_over_seeds(base, {1: 32.0, 2: 33.5, 3: 30.0}, {1: 0.01, 2: 0.01, 3: 0.01},
+                               alpha=0.05)
+    assert not mixed["dagger"] and mixed["per_seed_delta"] == [2.0, 2.5, -2.0]
+    assert mixed["welch_p"] > 0.05 and significance_marks(mixed) == ""
+    # a single seed: bootstrap only, no seed-level test
+    single = compare_over_seeds({1: 30.0}, {1: 29.0}, {1: 0.001}, alpha=0.05)
+    assert single["dagger"] and single["welch_p"] is None and not single["double_dagger"]
+    assert single["delta"] == -1.0
+
+
+def test_tables_aggregate_seeds_exactly(tmp_path, monkeypatch):
+    """Hand-made cells: mean ± sample std, delta of the means, marks from the rule, steps and
+    best steps per seed with * where the best checkpoint is the last."""
+    from ranmt.experiment import Dataset, Experiment, build_tables
+
+    def cell(variant, seed, bleu, steps, best):
+        scores = {"bleu": bleu, "tok_bleu": bleu + 0.5, "chrf": 50.0 + seed, "ter": 60.0,
+                  "sentences_per_s": 10.0, "target_tokens_per_s": 100.0}
+        return {"dataset": "d", "variant": variant, "seed": seed, "parameters": 1000,
+                "tests": {"t": scores},
+                "train": {"steps": steps, "best_step": best, "best_valid_bleu": bleu,
+                          "wall_time_s": 60.0, "train_tokens_per_s": 5.0}}
+
+    cells = [cell("TransF", 1, 30.0, 1000, 750), cell("TransF", 2, 31.0, 1000, 1000),
+             cell("TransF", 3, 32.0, 1000, 1000), cell("RAN", 1, 32.0, 1000, 1000),
+             cell("RAN", 2, 33.5, 1000, 1000), cell("RAN", 3, 34.0, 1000, 500)]
+    experiment = Experiment(name="hand", out=tmp_path, datasets=[Dataset(
+        name="d", src="s", tgt="t", tests={"t": "t"})], variants=[{"name": "TransF"},
+        {"name": "RAN"}], seeds=[1, 2, 3], baseline="TransF", base_config=None, overrides={},
+        decode={}, alpha=0.05)
+    p_by_seed = {1: 0.01, 2: 0.02, 3: 0.04}
+    monkeypatch.setattr(experiment_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(experiment_module, "_read_hyps", lambda e, c, t: [str(c["seed"])])
+
+    def fake_bootstrap(systems, refs, metrics, samples):
+        p = p_by_seed[int(systems[1][1][0])]
+        return {"systems": [{}, {f"{m}_p": (p if m == "bleu" else 0.5) for m in metrics}]}
+
+    monkeypatch.setattr(experiment_module, "paired_bootstrap", fake_bootstrap)
+    markdown, results = build_tables(experiment, cells)
+    assert "| SacreBLEU | 31.00 ± 1.00 | 33.17 ± 1.04 (+2.17) † |" in markdown  # Welch p 0.06
+    assert "| chrF | 52.00 ± 1.00 | 52.00 ± 1.00 (+0.00) |" in markdown
+    assert "| TransF | 3 | 1,000 | 750 / 1,000* / 1,000* |" in markdown
+    assert "| RAN | 3 | 1,000 | 1,000* / 1,000* / 500 |" in markdown
+    numbers = results["datasets"]["d"]["tests"]["t"]
+    assert numbers["scores"]["RAN"]["bleu"]["per_seed"] == {"1": 32.0, "2": 33.5, "3": 34.0}
+    assert numbers["significance"]["RAN"]["bleu"]["per_seed_p"] == [0.01, 0.02, 0.04]
+    variants = results["datasets"]["d"]["variants"]
+    assert variants["TransF"]["still_improving"] == [False, True, True]
+
+
+def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
+    """Two variants x two seeds at train.max_steps: every cell runs exactly that many steps;
+    --seeds runs a subset, --tables-only trains nothing, the table states the steps."""
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["seeds"] = [1, 2]
+    config["overrides"]["train.max_steps"] = 30
+    config["overrides"]["train.validate_every"] = 10
+    config["overrides"]["train.validate_bleu"] = True  # curves plot validation BLEU
+    path.write_text(yaml.safe_dump(config))
+    exp = tmp_path / "exp"
+    main(["experiment", str(path), "--seeds", "2"])
+    results = json.loads((exp / "results.json").read_text())
+    assert [(c["variant"], c["seed"]) for c in results["cells"]] == [("TransF", 2),
+                                                                     ("RAN-ALL", 2)]
+    main(["experiment", str(path), "--tables-only"])
+    assert len(json.loads((exp / "results.json").read_text())["cells"]) == 2
+    main(["experiment", str(path)])
+    results = json.loads((exp / "results.json").read_text())
+    assert results["complete"] and len(results["cells"]) == 4
+    assert {c["train"]["steps"] for c in results["cells"]} == {30}
+    assert all(len(c["train"]["validations"]) == 3 for c in results["cells"])
+    assert all((exp / "runs/reverse" / c["variant"] / f"seed{c['seed']}" / "train.log").is_file()
+               for c in results["cells"])
+    variants = results["datasets"]["reverse"]["variants"]
+    assert variants["TransF"]["steps"] == [30, 30] and variants["RAN-ALL"]["steps"] == [30, 30]
+    markdown = (exp / "results.md").read_text()
+    assert "| TransF | 2 | 30 |" in markdown and "| RAN-ALL | 2 | 30 |" in markdown
+    assert (exp / "validation_reverse.png").stat().st_size > 1000
+
+
+def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):
+    import pytest
+
+    from ranmt.config import ConfigError
+    from ranmt.experiment import run_experiment
+
+    path = _grid(tmp_path)
+    with pytest.raises(ConfigError, match="not in the grid"):
+        run_experiment(path, variants=["RAN-X"])
+    with pytest.raises(ConfigError, match="seeds"):
+        run_experiment(path, seeds=[7])

@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -212,6 +214,9 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
             "parameters": summary["parameters"], "tests": tests,
             "config": to_dict(translator.config),
             "wall_seconds": time.monotonic() - started}
+    log_file = cell_dir / "run" / "train.log"
+    if log_file.is_file():  # the run folder is not kept in git; the log is small
+        shutil.copyfile(log_file, cell_dir / "train.log")
     (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
     return cell
 
@@ -432,6 +437,61 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), results
 
 
+_VALIDATE_LINE = re.compile(r"^validate step (\d+):.*?valid_bleu ([\d.]+)", re.MULTILINE)
+
+
+def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, float]]:
+    """(step, validation BLEU) of a cell: from its summary, else parsed from its train.log."""
+    history = cell["train"].get("validations")
+    if history:
+        return [(v["step"], v["valid_bleu"]) for v in history if "valid_bleu" in v]
+    cell_dir = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
+    for log_file in (cell_dir / "train.log", cell_dir / "run" / "train.log"):
+        if log_file.is_file():
+            points = {int(step): float(bleu) for step, bleu in
+                      _VALIDATE_LINE.findall(log_file.read_text(encoding="utf-8"))}
+            return sorted(points.items())
+    return []
+
+
+def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path) -> bool:
+    """Validation BLEU against optimizer steps, one line per cell; False if nothing to plot."""
+    curves = [(cell, validation_curve(experiment, cell)) for cell in cells]
+    curves = [(cell, points) for cell, points in curves if len(points) >= 2]
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [v["name"] for v in experiment.variants]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for cell, points in curves:
+        index = names.index(cell["variant"]) if cell["variant"] in names else 0
+        seed_index = experiment.seeds.index(cell["seed"]) if cell["seed"] in experiment.seeds \
+            else 0
+        steps, bleu = zip(*points)
+        axis.plot(steps, bleu, styles[seed_index % len(styles)],
+                  color=colours[index % len(colours)], marker=".",
+                  label=f"{cell['variant']} seed {cell['seed']}")
+        best = cell["train"].get("best_step")
+        if best in steps:
+            axis.plot([best], [bleu[steps.index(best)]], "o", color=colours[index % len(colours)],
+                      markersize=8, fillstyle="none")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("validation BLEU (greedy)")
+    axis.set_title(f"{experiment.name}: validation curves (circle: best checkpoint)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -494,6 +554,12 @@ def write_results(experiment: Experiment, grid: list, log=print) -> dict:
                     "experiment_config": yaml.safe_load(experiment.path.read_text()),
                     "complete": len(cells) == len(grid), "cells": cells})
     root = experiment.out
+    for dataset in experiment.datasets:
+        figure = root / f"validation_{dataset.name}.png"
+        if plot_validation_curves(experiment, [c for c in cells if c["dataset"] == dataset.name],
+                                  figure):
+            markdown += (f"\nValidation curves of {dataset.name}: "
+                         f"[{figure.name}]({figure.name})\n")
     (root / "results.md").write_text(markdown, encoding="utf-8")
     (root / "results.json").write_text(json.dumps(results, indent=1, default=str),
                                        encoding="utf-8")

@@ -26,9 +26,19 @@ EOS, ``--max-tokens``) and the same thread count, alternating ``--rounds`` times
 is installed on demand into its own virtual environment (``--joey-venv``, with torch==
 ``--torch``); Joey batches unbucketed (its design), so its batches carry more padding.
 
+``quality``: is ranmt's baseline a straw man? ranmt TransF and Joey NMT 2.3.0's Transformer
+trained with the same data and SentencePiece model, the same size (``small``), token
+batches of the same size, the same schedule (Adam 0.9/0.98, 500 warm-up steps to 1e-3,
+inverse square root, label smoothing 0.1, seed 1) and the same number of optimizer steps
+(``--steps``, at least 600), each validated once at the end (so the evaluated checkpoint is
+the last), then both decode the test sets with beam 4 and the GNMT length penalty 0.6;
+sacreBLEU BLEU and chrF side by side. ``--ranmt-checkpoint`` reuses a ranmt checkpoint
+trained that way (e.g. a grid cell's ``checkpoints/step_N``) instead of training one.
+
     python benchmarks/peers.py decode --transf RUN_T --ran RUN_R --data DATA \\
         --split test_2016_flickr --out benchmark/peers
     python benchmarks/peers.py train --data DATA --out benchmark/peers
+    python benchmarks/peers.py quality --data DATA --steps 1000 --out benchmark/peers-quality
 """
 
 from __future__ import annotations
@@ -211,8 +221,10 @@ def _joey_python(venv: Path, torch_version: str) -> Path:
     return python
 
 
-def _joey_config(data: Path, work: Path, args) -> Path:
-    """Joey NMT's YAML for the `small` Transformer on ranmt's prepared data and vocabulary."""
+def _joey_config(data: Path, work: Path, args, validation_freq: int = 10 ** 9,
+                 beam: int = 1, alpha: float = 0.0) -> Path:
+    """Joey NMT's YAML for the `small` Transformer on ranmt's prepared data and vocabulary;
+    ``beam`` / ``alpha`` are its decoding settings (``testing``), used by ``translate``."""
     import yaml
 
     from ranmt.data.vocab import Vocab
@@ -248,16 +260,18 @@ def _joey_config(data: Path, work: Path, args) -> Path:
         "data": {"train": str(work / "train"), "dev": str(work / "dev"),
                  "dataset_type": "plain", "src": side(src_lang, "src"),
                  "trg": side(tgt_lang, "tgt")},
-        "training": {"random_seed": 1, "optimizer": "adam", "adam_betas": [0.9, 0.98],
+        "training": {"random_seed": args.seed, "optimizer": "adam", "adam_betas": [0.9, 0.98],
                      "learning_rate": 0.001, "scheduling": "warmupinversesquareroot",
                      "learning_rate_warmup": 500, "learning_rate_min": 1e-8,
                      "loss": "crossentropy", "label_smoothing": 0.1,
                      "batch_size": args.max_tokens, "batch_type": "token",
                      "normalization": "tokens", "epochs": 100, "updates": args.steps,
-                     "validation_freq": 10 ** 9, "logging_freq": args.log_every,
+                     "validation_freq": validation_freq, "logging_freq": args.log_every,
                      "shuffle": True, "overwrite": True, "keep_best_ckpts": 1,
                      "use_cuda": False},
-        "testing": {"beam_size": 1, "eval_metrics": ["bleu"]},
+        "testing": {"beam_size": beam, "beam_alpha": alpha, "batch_size": 3000,
+                    "batch_type": "token", "max_output_length": 100,
+                    "eval_metrics": ["bleu"]},
         "model": {"initializer": "xavier_uniform", "tied_embeddings": joint,
                   "tied_softmax": True, "encoder": layers, "decoder": layers},
     }
@@ -324,6 +338,91 @@ def train(args) -> dict:
     return result
 
 
+def _train_ranmt_for_quality(data: Path, run: Path, args, env: dict) -> Path:
+    """ranmt TransF for ``args.steps`` steps, validated once at the end; its last checkpoint."""
+    subprocess.run(["rm", "-rf", str(run)], check=True)
+    command = [sys.executable, "-m", "ranmt", "train", "--data", str(data), "--out", str(run),
+               "--config", args.ranmt_config, "model.arch=transf", "train.max_time=0",
+               f"train.max_steps={args.steps}", f"train.validate_every={args.steps}",
+               f"train.seed={args.seed}", f"data.max_tokens={args.max_tokens}",
+               f"train.threads={args.threads}", "train.progress=false",
+               "train.tensorboard=false"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"ranmt train failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return run / "checkpoints" / f"step_{args.steps:08d}"
+
+
+def _train_joey_for_quality(data: Path, work: Path, args, env: dict) -> tuple[Path, Path]:
+    """Joey NMT for ``args.steps`` steps (validated once, at the end); (python, config)."""
+    joey = _joey_python(Path(args.joey_venv), args.torch)
+    config = _joey_config(data, work, args, validation_freq=args.steps, beam=args.beam,
+                          alpha=args.lenpen)
+    subprocess.run(["rm", "-rf", str(work / "model")], check=True)
+    proc = subprocess.run([str(joey), "-m", "joeynmt", "train", str(config), "--skip-test"],
+                          env=env, capture_output=True, text=True)
+    (work / "train.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    if proc.returncode != 0 or not (work / "model" / "best.ckpt").exists():
+        raise SystemExit(f"Joey NMT train failed (exit {proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return joey, config
+
+
+def quality(args) -> dict:
+    """BLEU / chrF of ranmt TransF and Joey NMT trained alike (see the module docstring)."""
+    from ranmt.evaluate import score
+
+    if args.steps < 600 and not args.allow_short:
+        raise SystemExit("--steps must be at least 600 for a quality comparison "
+                         "(--allow-short for a smoke run)")
+    data, out = Path(args.data), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads),
+           "MKL_NUM_THREADS": str(args.threads)}
+    checkpoint = Path(args.ranmt_checkpoint) if args.ranmt_checkpoint else \
+        _train_ranmt_for_quality(data, out / "ranmt", args, env)
+    joey, joey_config = _train_joey_for_quality(data, out / "joey", args, env)
+    translator = Translator.load(checkpoint, device="cpu", beam=args.beam, lenpen=args.lenpen)
+    meta = json.loads((data / "meta.json").read_text(encoding="utf-8"))
+    rows: dict = {"ranmt TransF": {}, "Joey NMT 2.3.0": {}}
+    for test in args.tests:
+        sources, refs = raw_text(data, test, "src"), raw_text(data, test, "tgt")
+        outputs = {"ranmt TransF": translator.translate(sources)}
+        with (out / "joey" / f"{test}.src").open("w", encoding="utf-8") as handle:
+            handle.write("\n".join(sources) + "\n")
+        # Joey 2.3.0's `translate -o FILE` fails (BaseConfig has no n_best): read stdout,
+        # where it prints one hypothesis per input line (its log goes to stderr).
+        with (out / "joey" / f"{test}.src").open(encoding="utf-8") as stdin:
+            proc = subprocess.run([str(joey), "-m", "joeynmt", "translate", str(joey_config)],
+                                  stdin=stdin, env=env, capture_output=True, text=True)
+        joey_hyps = proc.stdout.split("\n")[:len(refs)]
+        if proc.returncode != 0 or len(joey_hyps) != len(refs):
+            raise SystemExit(f"Joey NMT translate failed (exit {proc.returncode}, "
+                             f"{len(joey_hyps)} lines):\n{proc.stderr[-3000:]}")
+        outputs["Joey NMT 2.3.0"] = joey_hyps
+        for name, hyps in outputs.items():
+            (out / f"{name.split()[0].lower()}.{test}.hyp").write_text(
+                "\n".join(hyps) + "\n", encoding="utf-8")
+            result = score(hyps, refs, ("bleu", "chrf"), meta.get("tgt_lang", ""))
+            rows[name][test] = {"bleu": result["bleu"], "chrf": result["chrf"]}
+    header = " | ".join(f"{t} BLEU | {t} chrF" for t in args.tests)
+    table = "\n".join(
+        [f"quality at equal steps: small Transformer, {args.steps} optimizer steps, "
+         f"{args.max_tokens}-token batches, seed {args.seed}, beam {args.beam}, "
+         f"lenpen {args.lenpen}", "", f"| system | {header} |",
+         "|---|" + "---|---|" * len(args.tests)]
+        + [f"| {name} | " + " | ".join(f"{r[t]['bleu']:.2f} | {r[t]['chrf']:.2f}"
+                                        for t in args.tests) + " |"
+           for name, r in rows.items()])
+    print(table)
+    result = {"kind": "quality", "steps": args.steps, "seed": args.seed,
+              "max_tokens": args.max_tokens, "beam": args.beam, "lenpen": args.lenpen,
+              "ranmt_checkpoint": str(checkpoint), "systems": rows}
+    (out / "quality.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "quality.md").write_text(table + "\n", encoding="utf-8")
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,7 +449,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--torch", default=torch.__version__.split("+")[0],
                    help="torch version for Joey's environment (the same as ranmt's)")
     p.set_defaults(func=train)
+    p = sub.add_parser("quality", help="ranmt TransF vs Joey NMT: BLEU/chrF at equal steps")
+    p.add_argument("--data", required=True, help="prepared data directory (joint vocab)")
+    p.add_argument("--ranmt-config", default="configs/multi30k_small.yaml")
+    p.add_argument("--ranmt-checkpoint", help="a ranmt TransF checkpoint trained with the "
+                   "same settings and --steps (default: train one)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--allow-short", action="store_true", help="allow --steps below 600")
+    p.add_argument("--tests", nargs="+", default=["test_2016_flickr", "test_2017_flickr"])
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--lenpen", type=float, default=0.6)
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--joey-venv", default="benchmark/peers/joey-venv")
+    p.add_argument("--torch", default=torch.__version__.split("+")[0])
+    p.set_defaults(func=quality)
     for p in sub.choices.values():
+        p.add_argument("--seed", type=int, default=1)
         p.add_argument("--threads", type=int, default=torch.get_num_threads())
         p.add_argument("--out", default="benchmark/peers")
     args = parser.parse_args(argv)

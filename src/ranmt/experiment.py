@@ -1,13 +1,32 @@
 """``ranmt experiment CONFIG.yaml``: a grid of datasets x variants x seeds, end to end.
 
 For every dataset: download (optional) and prepare once. For every cell (dataset, variant,
-seed): train (resuming a run that was interrupted), take the best checkpoint on
-validation, translate every test set (timed), score it; a finished cell writes
-``cell.json`` and is never recomputed. Finally ``results.md`` (one table per test set in the
-layout of the RAN paper's Table 1: metric rows, variant columns, delta to the baseline in
-parentheses, † for p < 0.01 by paired bootstrap against the baseline) and ``results.json``
-(every number, sacreBLEU signatures, the config and the git commit) are written, and
-rewritten after every cell so that a long grid shows its finished cells early.
+seed; seed-major, so a grid cut short still has every variant's first seed): train
+(resuming a run that was interrupted), take the best checkpoint on validation, translate
+every test set (timed), score it; a finished cell writes ``cell.json`` (with the training
+summary: steps run, best step, validation history) and a copy of ``train.log``, and is
+never recomputed.
+
+Fair by construction: budget cells by optimizer steps (``train.max_steps`` in the grid's
+``overrides``, equal for every variant); a wall-clock budget (``train.max_time``) stays
+possible, and either way the tables state the steps every cell ran, the step of its best
+checkpoint and whether that was its last validation ("still improving", ``*``).
+
+``results.md`` holds one table per test set in the layout of the RAN paper's Table 1
+(metric rows, variant columns): mean ± sample std over seeds, the difference of the means
+to the baseline in parentheses, and two significance marks (:func:`compare_over_seeds`):
+
+* † every seed's paired bootstrap (sacreBLEU, variant seed s against baseline seed s) has
+  p < ``alpha`` and all seeds differ in the same direction;
+* ‡ Welch's t-test over the seed scores (two or more seeds per side) has p < ``alpha``.
+
+A difference that holds across seeds has both. Then a training table (seeds, steps, best
+steps, best validation BLEU, parameters, time, speed) and ``validation_<dataset>.png``
+(validation BLEU against steps, every cell). ``results.json`` has every number, per-seed
+scores and p-values, sacreBLEU signatures, the config and the git commit. Both are
+rewritten after every cell so that a long grid shows its finished cells early;
+``--tables-only`` rewrites them without training, ``--variants`` / ``--seeds`` restrict
+the cells a worker runs.
 
 Several workers may run the same grid at once (one per GPU, or one per pinned CPU core):
 start ``ranmt experiment CONFIG.yaml`` several times. A worker claims a cell with a lock
@@ -26,9 +45,10 @@ Experiment file (YAML)::
     name: multi30k_en_de
     out: experiments/multi30k_en_de     # relative to the current directory
     base_config: configs/multi30k_small.yaml
-    overrides: {train.max_time: 30m}    # for every cell
-    seeds: [1]
+    overrides: {train.max_steps: 1000}  # for every cell: an equal step budget
+    seeds: [1, 2, 3]                    # the default
     baseline: TransF
+    alpha: 0.05                         # significance level of the marks
     decode: {beam: 4, lenpen: 0.6}
     datasets:
       - name: multi30k-en-de
@@ -39,6 +59,8 @@ Experiment file (YAML)::
         tests: [test_2016_flickr, test_2017_flickr]
     variants:
       - {name: TransF, overrides: {model.arch: transf}}
+      - {name: TransF+AD, overrides: {model.arch: transf, model.attention_dropout: 0.2,
+                                      model.cross_attention_dropout: 0.0}}
       - {name: RAN-ALL, overrides: {model.arch: ran-all}}
 """
 

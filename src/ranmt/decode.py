@@ -35,21 +35,28 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
     return torch.clamp((a * src_len.float() + b).floor().long(), min=1, max=limit)
 
 
+# ------------------------------------------------------------------------------ reference
+
+
 @torch.no_grad()
-def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
-                  limit: int | None = None) -> list[list[tuple[list[int], float]]]:
-    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``."""
+def greedy_search_reference(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
+                            max_len_b: int = 10, limit: int | None = None,
+                            fixed_length: int | None = None
+                            ) -> list[list[tuple[list[int], float]]]:
+    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]`` (the reference:
+    growing caches, every sentence stays in the batch until all are done)."""
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = model.encode(src)
     cache = model.init_cache(memory, pad_mask)
     batch = src.shape[0]
-    caps = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
+    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)
     tokens = torch.zeros(batch, 0, dtype=torch.long, device=src.device)
     scores = torch.zeros(batch, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for step in range(int(caps.max()) + 1):
         logprobs = model.decode_step(prev, cache)  # (B, V)
+        _suppress_early_eos(logprobs, step, fixed_length)
         force_eos = step >= caps
         if bool(force_eos.any()):
             logprobs[force_eos] = _only_eos(logprobs[force_eos])
@@ -69,6 +76,23 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     return results
 
 
+def output_caps(src: Tensor, a: float, b: int, limit: int,
+                fixed_length: int | None = None) -> Tensor:
+    """(B,) output length limits: ``a*|src|+b`` capped at ``limit``, or ``fixed_length``."""
+    if fixed_length is None:
+        return max_lengths(src, a, b, limit)
+    if not 1 <= fixed_length <= limit:
+        raise ValueError(f"fixed length must be in 1..{limit} (the model's max_positions - 1),"
+                         f" not {fixed_length}")
+    return torch.full((src.shape[0],), fixed_length, dtype=torch.long, device=src.device)
+
+
+def _suppress_early_eos(logprobs: Tensor, step: int, fixed_length: int | None) -> None:
+    """Fixed-length mode: EOS is not allowed before ``fixed_length`` tokens (in place)."""
+    if fixed_length is not None and step < fixed_length:
+        logprobs[:, EOS_ID] = float("-inf")
+
+
 def _only_eos(logprobs: Tensor) -> Tensor:
     out = torch.full_like(logprobs, float("-inf"))
     out[:, EOS_ID] = logprobs[:, EOS_ID]
@@ -76,10 +100,13 @@ def _only_eos(logprobs: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
-                lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-                nbest: int = 1, limit: int | None = None) -> list[list[tuple[list[int], float]]]:
-    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``.
+def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
+                          lenpen_style: str = "gnmt", max_len_a: float = 1.2,
+                          max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
+                          fixed_length: int | None = None
+                          ) -> list[list[tuple[list[int], float]]]:
+    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``
+    (the reference: growing caches, bookkeeping in Python per sentence).
 
     Scores are length-normalised log-probabilities. A sentence is done once it holds
     ``beam`` finished hypotheses; done sentences are removed from the batch (their cache
@@ -89,7 +116,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     device = src.device
     batch = src.shape[0]
     memory, pad_mask, _ = model.encode(src)
-    caps_all = max_lengths(src, max_len_a, max_len_b, limit)
+    caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)
     # Every sentence has `beam` decoder rows: row b*beam + k is beam k of sentence b; the
     # memory side of the cache stays per sentence where the cross-attention allows it.
     cache = model.init_cache(memory, pad_mask, group=beam)
@@ -105,6 +132,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         n_active = active.numel()
         logprobs = model.decode_step(prev, cache)  # (n*beam, V)
         vocab = logprobs.shape[-1]
+        _suppress_early_eos(logprobs, step, fixed_length)
         caps = caps_all[active].repeat_interleave(beam)
         force = step >= caps
         if bool(force.any()):
@@ -172,12 +200,190 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     return results
 
 
+# ------------------------------------------------------------------------------ fast path
+
+
+@torch.inference_mode()
+def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
+                  limit: int | None = None, fixed_length: int | None = None
+                  ) -> list[list[tuple[list[int], float]]]:
+    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``.
+
+    The fast path: histories in static caches, tokens written into one (B, max_len + 1)
+    tensor, finished sentences leave the batch. Same output as
+    :func:`greedy_search_reference`.
+    """
+    limit = model.config.max_positions - 1 if limit is None else limit
+    memory, pad_mask, _ = model.encode(src)
+    batch, device = src.shape[0], src.device
+    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    capacity = int(caps.max()) + 1
+    cache = model.init_cache(memory, pad_mask, capacity=capacity)
+    tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
+    lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)
+    scores = torch.zeros(batch, device=device)
+    active = torch.arange(batch, device=device)  # sentences still decoding
+    prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    for step in range(capacity):
+        logprobs = model.decode_step(prev, cache)  # (n, V)
+        _suppress_early_eos(logprobs, step, fixed_length)
+        force_eos = step >= caps[active]
+        if bool(force_eos.any()):
+            logprobs[force_eos] = _only_eos(logprobs[force_eos])
+        best_score, best = logprobs.max(dim=-1)  # (n,)
+        scores[active] += best_score
+        tokens[active, step] = best
+        ended = best.eq(EOS_ID)
+        if bool(ended.any()):
+            lengths[active[ended]] = step
+            keep = (~ended).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            active, best = active[keep], best[keep]
+            model.reorder_cache(cache, keep)
+        prev = best[:, None]
+    lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
+    return [[(tokens[row][: lengths[row]], scores[row])] for row in range(batch)]
+
+
+class _Finished:
+    """Up to ``beam`` finished hypotheses per sentence, in the order they finished:
+    scores (B, beam) (length-normalised), tokens (B, beam, capacity), lengths, counts."""
+
+    def __init__(self, batch: int, beam: int, capacity: int, device: torch.device):
+        self.scores = torch.full((batch, beam), float("-inf"), device=device)
+        self.tokens = torch.zeros(batch, beam, capacity, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(batch, beam, dtype=torch.long, device=device)
+        self.counts = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def add(self, sentences: Tensor, slots: Tensor, scores: Tensor, prefixes: Tensor) -> None:
+        """Store hypotheses: sentence ids (m,), slot within the sentence (m,), normalised
+        scores (m,), token prefixes (m, L) (all of the same length L)."""
+        self.scores[sentences, slots] = scores
+        self.tokens[sentences, slots, : prefixes.shape[1]] = prefixes
+        self.lengths[sentences, slots] = prefixes.shape[1]
+
+    def nbest(self, nbest: int) -> list[list[tuple[list[int], float]]]:
+        """Per sentence the ``nbest`` best (tokens, score), ties in finishing order."""
+        counts, lengths = self.counts.tolist(), self.lengths.tolist()
+        scores, tokens = self.scores.tolist(), self.tokens.tolist()
+        results = []
+        for sentence, count in enumerate(counts):
+            hyps = [(tokens[sentence][slot][: lengths[sentence][slot]], scores[sentence][slot])
+                    for slot in range(count)]
+            hyps = sorted(hyps, key=lambda item: -item[1])[:nbest]
+            results.append(hyps if hyps else [([], -math.inf)])
+        return results
+
+
+def _select_candidates(top_scores: Tensor, top_tokens: Tensor, finished_before: Tensor,
+                       beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Which of each sentence's best 2k candidates (n, 2k), best first, are taken.
+
+    The candidates are read in order until ``beam`` of them extend a hypothesis or the
+    sentence holds ``beam`` finished ones (``finished_before`` (n,) before this step);
+    -inf candidates are never taken. Returns the masks (n, 2k) of the finishing (EOS)
+    and the extending candidates, and for each EOS candidate its finished slot (n, 2k).
+    """
+    is_eos = top_tokens.eq(EOS_ID)
+    eos_before = is_eos.long().cumsum(1) - is_eos.long()  # EOS candidates ahead of each
+    extend_before = (~is_eos).long().cumsum(1) - (~is_eos).long()
+    slot = finished_before[:, None] + eos_before
+    taken = top_scores.gt(float("-inf")) & extend_before.lt(beam) & slot.lt(beam)
+    return taken & is_eos, taken & ~is_eos, slot
+
+
+def _next_beams(extends: Tensor, top_scores: Tensor, beam: int) -> tuple[Tensor, Tensor]:
+    """Candidate index (n, beam) of each sentence's next beams: its extending candidates in
+    order, padded with copies of the last one at score -inf; and their scores (n, beam)."""
+    width = extends.shape[1]
+    positions = torch.arange(width, device=extends.device)
+    first_extending = torch.where(extends, positions, positions + width).argsort(1)[:, :beam]
+    count = extends.sum(1, keepdim=True)  # (n, 1)
+    slots = torch.arange(beam, device=extends.device)[None]
+    last = first_extending.gather(1, (count - 1).clamp(min=0))
+    picked = torch.where(slots < count, first_extending, last)
+    scores = top_scores.gather(1, picked).masked_fill(slots >= count, float("-inf"))
+    return picked, scores
+
+
+@torch.inference_mode()
+def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
+                lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
+                nbest: int = 1, limit: int | None = None, fixed_length: int | None = None
+                ) -> list[list[tuple[list[int], float]]]:
+    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``.
+
+    The fast path of :func:`beam_search_reference` (same hypotheses, same scores): static
+    caches, the selection of each step as tensor operations over all sentences (no Python
+    loop over sentences), the histories and finished hypotheses in preallocated tensors.
+    Scores are length-normalised log-probabilities; a sentence leaves the batch once it
+    holds ``beam`` finished hypotheses or nothing is left to extend.
+    """
+    limit = model.config.max_positions - 1 if limit is None else limit
+    device, batch = src.device, src.shape[0]
+    memory, pad_mask, _ = model.encode(src)
+    caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    capacity = int(caps_all.max()) + 1
+    cache = model.init_cache(memory, pad_mask, group=beam, capacity=capacity)
+    finished = _Finished(batch, beam, capacity, device)
+    active = torch.arange(batch, device=device)  # sentence ids still decoding
+    beam_scores = torch.full((batch, beam), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: only the first is alive
+    history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
+    prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    for step in range(capacity):
+        n_active = active.numel()
+        logprobs = model.decode_step(prev, cache)  # (n*beam, V)
+        _suppress_early_eos(logprobs, step, fixed_length)
+        force = (step >= caps_all[active]).repeat_interleave(beam)
+        if bool(force.any()):
+            logprobs[force] = _only_eos(logprobs[force])
+        # As in the reference: the best 2k tokens of each row, then the best 2k of the
+        # sentence's beam * 2k candidates.
+        width = min(2 * beam, logprobs.shape[-1])
+        row_scores, row_tokens = logprobs.topk(width, dim=1)  # (n*beam, 2k)
+        candidates = (beam_scores.view(-1, 1) + row_scores).view(n_active, beam * width)
+        top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (n, 2k)
+        top_beams = torch.div(top_ids, width, rounding_mode="floor")
+        top_tokens = row_tokens.view(n_active, beam * width).gather(1, top_ids)
+
+        finished_before = finished.counts[active]
+        ends, extends, slots = _select_candidates(top_scores, top_tokens, finished_before, beam)
+        if bool(ends.any()):
+            rows, cols = ends.nonzero(as_tuple=True)
+            penalty = length_penalty(step + 1, lenpen, lenpen_style)
+            finished.add(active[rows], slots[rows, cols], top_scores[rows, cols] / penalty,
+                         history[rows * beam + top_beams[rows, cols], :step])
+            finished.counts[active] += ends.sum(1)
+        keep = (finished.counts[active] < beam) & extends.any(1)
+        if not bool(keep.any()):
+            break
+        picked, next_scores = _next_beams(extends, top_scores, beam)
+        kept = keep.nonzero().squeeze(1)
+        picked, beam_scores = picked[kept], next_scores[kept]
+        rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked)).view(-1)
+        model.reorder_cache(cache, rows)
+        history = history.index_select(0, rows)
+        history[:, step] = top_tokens[kept].gather(1, picked).view(-1)
+        active = active[kept]
+        prev = history[:, step: step + 1]
+    return finished.nbest(nbest)
+
+
 def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
            lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-           nbest: int = 1) -> list[list[tuple[list[int], float]]]:
-    """Greedy search for ``beam == 1``, beam search otherwise."""
+           nbest: int = 1, fixed_length: int | None = None, reference: bool = False
+           ) -> list[list[tuple[list[int], float]]]:
+    """Greedy search for ``beam == 1``, beam search otherwise (the fast path unless
+    ``reference``). ``fixed_length`` L: every hypothesis has exactly L tokens (EOS is not
+    allowed before, and forced at, L), for speed measurements independent of what a model
+    happens to write."""
     if beam < 1:
         raise ValueError(f"beam size must be >= 1, not {beam}")
+    greedy = greedy_search_reference if reference else greedy_search
+    beam_fn = beam_search_reference if reference else beam_search
     if beam == 1:
-        return greedy_search(model, src, max_len_a, max_len_b)
-    return beam_search(model, src, beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest)
+        return greedy(model, src, max_len_a, max_len_b, fixed_length=fixed_length)
+    return beam_fn(model, src, beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest,
+                   fixed_length=fixed_length)

@@ -16,7 +16,9 @@ the variant is:
   every tensor in it has the batch (or batch x beam) dimension first, so the decoder can
   reorder any variant's cache with :func:`reorder_cache`. ``cache["step"]`` (an int,
   maintained by the decoder) is the index of the query position during incremental
-  decoding (T == 1).
+  decoding (T == 1). Per-step histories go through :func:`cache_append`: with
+  ``cache["capacity"]`` set (the fast decoder) their buffers are allocated once at that
+  length and written in place, otherwise they grow by concatenation (the reference).
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
 """
 
@@ -90,19 +92,63 @@ class Attention(nn.Module):
 
 
 def reorder_cache(cache: dict, order: Tensor) -> None:
-    """Select batch entries ``order`` (1-D long) of every tensor in an attention cache."""
+    """Select batch entries ``order`` (1-D long) of every tensor in an attention cache.
+
+    Static buffers (see :func:`cache_append`) are gathered over their filled steps only, into
+    a spare buffer of the same capacity kept in the cache (two buffers per history, swapped:
+    no allocation and no copy of the unused capacity per step).
+    """
+    static = cache.get("static", {})
     for key, value in list(cache.items()):
-        if isinstance(value, Tensor):
+        if not isinstance(value, Tensor):
+            continue
+        if key not in static:
             cache[key] = value.index_select(0, order)
+            continue
+        filled = static[key]
+        spare = cache["spare"].get(key)
+        if spare is None or spare.shape[0] < order.numel():
+            spare = value.new_empty((order.numel(),) + tuple(value.shape[1:]))
+        target = spare[: order.numel()]
+        torch.index_select(value[:, :, :filled], 0, order, out=target[:, :, :filled])
+        cache["spare"][key] = value
+        cache[key] = target
+
+
+def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
+    """Append this step's ``step_values`` (B, H, 1, d) to the history ``cache[name]`` and
+    return the whole history (B, H, t+1, d), t = ``cache["step"]``.
+
+    Without ``cache["capacity"]`` the history grows by concatenation. With it, a buffer
+    (B, H, capacity, d) is allocated at the first step and written in place; the returned
+    history is a view of its first t+1 steps.
+    """
+    capacity = cache.get("capacity")
+    if capacity is None:
+        if name in cache:
+            step_values = torch.cat([cache[name], step_values], dim=2)
+        cache[name] = step_values
+        return step_values
+    step = cache["step"]
+    end = step + step_values.shape[2]
+    if end > capacity:
+        raise ValueError(f"decoder step {end} exceeds the cache capacity {capacity}")
+    buffer = cache.get(name)
+    if buffer is None:
+        batch, heads, _, dim = step_values.shape
+        buffer = step_values.new_empty(batch, heads, capacity, dim)
+        cache[name] = buffer
+        cache.setdefault("static", {})
+        cache.setdefault("spare", {})
+    buffer[:, :, step:end] = step_values
+    cache["static"][name] = end
+    return buffer[:, :, :end]
 
 
 def append_values(cache: dict, values: Tensor) -> Tensor:
     """Value-only self-attention cache: append this step's values (B, H, 1, d_h) and return
     all values so far (B, H, t+1, d_h)."""
-    if "v" in cache:
-        values = torch.cat([cache["v"], values], dim=2)
-    cache["v"] = values
-    return values
+    return cache_append(cache, "v", values)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:

@@ -5,7 +5,9 @@ output projection W_o. The fast path uses ``torch.nn.functional.scaled_dot_produ
 when weights are requested a naive path computes them explicitly (same numbers).
 
 Incremental decoding: self-attention appends this step's key/value to ``cache["k"]`` /
-``cache["v"]`` (B, H, t, d_h); cross-attention projects the memory once into the cache.
+``cache["v"]`` (B, H, t, d_h) (in place in a static buffer when the cache has a capacity);
+cross-attention projects the memory once into the cache. In decoding the self-attention's
+Q, K, V (and the cross-attention's K, V) come from one fused matrix product.
 In beam search, cross-attention keeps one copy of the keys/values per *sentence* (n, H, S,
 d_h) for the n * beam query rows: the beam's queries of a sentence attend to its keys as one
 (beam x S) product, so the cross cache is never copied when beams are reordered.
@@ -24,9 +26,11 @@ from ranmt.attention.base import (
     AttentionSpec,
     AttnOutput,
     build_mask,
+    cache_append,
     merge_heads,
     split_heads,
 )
+from ranmt.packed import inference_linear
 
 
 class DotProductAttention(Attention):
@@ -46,29 +50,67 @@ class DotProductAttention(Attention):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
+        # Fused projection weights for decoding (not parameters, not in the state dict).
+        self._fused_cache: dict[str, tuple] = {}
+
+    def _fused(self, name: str, projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor] | None:
+        """Concatenated (weight, bias) of float ``projections`` for one fused product in
+        decoding, rebuilt when a parameter changes; None when they are not plain linears
+        (e.g. int8-quantized: then each is applied on its own)."""
+        if not all(isinstance(p, nn.Linear) for p in projections):
+            return None
+        key = tuple((p.weight.data_ptr(), p.weight._version, p.bias._version) for p in projections)
+        cached = self._fused_cache.get(name)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                weight = torch.cat([p.weight for p in projections])
+                bias = torch.cat([p.bias for p in projections])
+            cached = (key, weight, bias)
+            self._fused_cache[name] = cached
+        return cached[1], cached[2]
+
+    def _project(self, x: Tensor, name: str, projections: tuple[nn.Module, ...]) -> list[Tensor]:
+        """``[p(x) for p in projections]`` as one matrix product where possible."""
+        fused = self._fused(name, projections)
+        if fused is None:
+            return [p(x) for p in projections]
+        out = inference_linear(x, *fused, self._fused_cache, f"{name}.packed")
+        return list(out.chunk(len(projections), dim=-1))
 
     def _keys_values(self, memory: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
-        """(B, H, S, d_h) keys and values, using/updating the cache."""
+        """(B, H, S, d_h) keys and values, using/updating the cache (reference path)."""
         if cache is None:
             return split_heads(self.k_proj(memory), self.heads), split_heads(
                 self.v_proj(memory), self.heads)
         if self.is_cross:
             if "k" not in cache:
-                cache["k"] = split_heads(self.k_proj(memory), self.heads)
-                cache["v"] = split_heads(self.v_proj(memory), self.heads)
+                if cache.get("capacity") is None:  # the reference decoder: unfused
+                    k, v = self.k_proj(memory), self.v_proj(memory)
+                else:
+                    k, v = self._project(memory, "kv", (self.k_proj, self.v_proj))
+                cache["k"], cache["v"] = split_heads(k, self.heads), split_heads(v, self.heads)
             return cache["k"], cache["v"]
-        k = split_heads(self.k_proj(memory), self.heads)
-        v = split_heads(self.v_proj(memory), self.heads)
-        if "k" in cache:
-            k = torch.cat([cache["k"], k], dim=2)
-            v = torch.cat([cache["v"], v], dim=2)
-        cache["k"], cache["v"] = k, v
+        k = cache_append(cache, "k", split_heads(self.k_proj(memory), self.heads))
+        v = cache_append(cache, "v", split_heads(self.v_proj(memory), self.heads))
         return k, v
+
+    def _incremental_self(self, query: Tensor, cache: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step of self-attention: q, k, v from one fused product; k, v appended
+        to the cache. Returns q (B, H, 1, d_h) and the keys/values so far (B, H, t+1, d_h)."""
+        q, k, v = self._project(query, "qkv", (self.q_proj, self.k_proj, self.v_proj))
+        k = cache_append(cache, "k", split_heads(k, self.heads))
+        v = cache_append(cache, "v", split_heads(v, self.heads))
+        return split_heads(q, self.heads), k, v
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
                 cache=None, need_weights=False) -> AttnOutput:
-        q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
-        k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
+        fast_step = (cache is not None and cache.get("capacity") is not None
+                     and not self.is_cross and query.shape[1] == 1)
+        if fast_step:
+            q, k, v = self._incremental_self(query, cache)
+        else:
+            q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
+            k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
         if self.is_cross and k.shape[0] != q.shape[0]:
             return self._grouped(q, k, v, key_padding_mask, need_weights, state)
         q_len, k_len = q.shape[2], k.shape[2]

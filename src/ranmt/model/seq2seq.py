@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
+from ranmt.packed import inference_linear, use_packed_linears
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -51,6 +52,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.output = output  # None: tied to the target embedding
+        self._packed: dict = {}  # the tied output weight packed for inference
 
     def initial_states(self) -> tuple[Any, Any]:
         first = self.layers[0]
@@ -65,7 +67,10 @@ class Decoder(nn.Module):
     def project(self, x: Tensor) -> Tensor:
         """(B, T, d) -> logits (B, T, V)."""
         if self.output is None:
-            return F.linear(x, self.embedder.tokens.weight)
+            if self.training:
+                return F.linear(x, self.embedder.tokens.weight)
+            return inference_linear(x, self.embedder.tokens.weight, None, self._packed,
+                                    "output")
         return self.output(x)
 
     def forward(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
@@ -118,8 +123,13 @@ class Seq2Seq(nn.Module):
         return logits
 
     # ---------------------------------------------------------------- incremental decoding
-    def init_cache(self, memory: Tensor, pad_mask: Tensor, group: int = 1) -> dict:
+    def init_cache(self, memory: Tensor, pad_mask: Tensor, group: int = 1,
+                   capacity: int | None = None) -> dict:
         """Decoder cache for ``group`` consecutive query rows per sentence of memory (n, S, d).
+
+        With ``capacity`` (the fast decoder: the most steps the search will take) per-step
+        histories live in buffers of that length allocated once and written in place, and
+        the projections of a step are fused; without it they grow step by step (reference).
 
         With ``group`` g > 1 (beam search) and cross-attention that supports it
         (``Attention.grouped_memory``), the memory side stays per sentence: n rows of memory
@@ -136,7 +146,9 @@ class Seq2Seq(nn.Module):
             "memory": memory,
             "pad_mask": pad_mask,
             "group": group if grouped else 1,
-            "layers": [{"self": {}, "cross": {}} for _ in self.decoder.layers],
+            "layers": [{"self": {"capacity": capacity}, "cross": {"capacity": capacity}}
+                       if capacity else {"self": {}, "cross": {}}
+                       for _ in self.decoder.layers],
         }
 
     def decode_step(self, prev_tokens: Tensor, cache: dict) -> Tensor:
@@ -262,7 +274,8 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
         Embedder(tgt_tokens, build_positions(_positions_kind(cfg.positions, cfg.decoder.positions),
                                              d, cfg.max_positions), cfg.dropout),
         decoder_layers, final_norm(), output)
-    return Seq2Seq(encoder, decoder, cfg)
+    # Linear layers run through oneDNN with prepacked weights at CPU inference (packed.py).
+    return use_packed_linears(Seq2Seq(encoder, decoder, cfg))
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

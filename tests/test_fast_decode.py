@@ -1,0 +1,119 @@
+"""The fast decoder (static caches, tensorised beam bookkeeping) against the reference one.
+
+For every decoder-side attention of the registry (self-attention: dot, ran, gaussian,
+synthesizer; cross-attention: dot, gaussian and every recurrent cross-attention), greedy and
+beam search must give token-identical n-best lists with scores within 1e-5; fixed-length
+mode must give exactly L tokens per hypothesis.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_batch, tiny_model
+from ranmt.attention import REGISTRY, reorder_cache
+from ranmt.attention.base import cache_append
+from ranmt.decode import (
+    beam_search,
+    beam_search_reference,
+    greedy_search,
+    greedy_search_reference,
+    search,
+)
+from ranmt.model import EOS_ID
+
+SELF = ["dot", "ran", "gaussian", "synthesizer"]
+CROSS = ["dot", "gaussian"] + sorted(name for name in REGISTRY
+                                     if name not in ("dot", "ran", "gaussian", "synthesizer"))
+DECODERS = [(name, "dot") for name in SELF] + [("dot", name) for name in CROSS[1:]]
+
+
+def _model(self_attention: str, cross: str, seed: int):
+    return tiny_model(seed=seed, **{"model.decoder.self_attention": self_attention,
+                                    "model.decoder.cross_attention": cross})[0]
+
+
+def _same(fast, reference, tolerance=1e-5):
+    assert len(fast) == len(reference)
+    for fast_hyps, ref_hyps in zip(fast, reference):
+        assert [tokens for tokens, _ in fast_hyps] == [tokens for tokens, _ in ref_hyps]
+        for (_, fast_score), (_, ref_score) in zip(fast_hyps, ref_hyps):
+            assert fast_score == pytest.approx(ref_score, abs=tolerance)
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
+def test_fast_greedy_equals_reference(self_attention, cross):
+    for seed in (0, 1):
+        model = _model(self_attention, cross, seed)
+        src, _ = random_batch(batch=5, src_len=9, seed=seed)
+        _same(greedy_search(model, src, 1.5, 4), greedy_search_reference(model, src, 1.5, 4))
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
+@pytest.mark.parametrize("beam", [2, 5])
+def test_fast_beam_equals_reference(self_attention, cross, beam):
+    for seed in (0, 1):
+        model = _model(self_attention, cross, seed)
+        src, _ = random_batch(batch=5, src_len=9, seed=seed)
+        args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
+        _same(beam_search(model, src, **args), beam_search_reference(model, src, **args))
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all", "sh-x", "syn-r"])
+def test_fast_equals_reference_on_archs_with_early_eos(arch):
+    """A model biased towards EOS finishes hypotheses at many different steps, which
+    exercises the finished-hypothesis bookkeeping and the shrinking batch."""
+    model, _ = tiny_model(seed=3, **{"model.arch": arch})
+    with torch.no_grad():
+        model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # tied output: EOS likelier
+    src, _ = random_batch(batch=6, src_len=9, seed=3)
+    for beam in (1, 3, 4):
+        fast = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam)
+        reference = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam, reference=True)
+        lengths = {len(tokens) for hyps in reference for tokens, _ in hyps}
+        assert len(lengths) > 1
+        _same(fast, reference)
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all"])
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("reference", [False, True])
+def test_fixed_length_gives_exactly_l_tokens(arch, beam, reference):
+    model, _ = tiny_model(seed=2, **{"model.arch": arch})
+    with torch.no_grad():
+        model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # would stop early otherwise
+    src, _ = random_batch(batch=4, seed=2)
+    for length in (1, 7, 20):
+        results = search(model, src, beam, nbest=beam, fixed_length=length,
+                         reference=reference)
+        assert all(len(tokens) == length and EOS_ID not in tokens
+                   for hyps in results for tokens, _ in hyps)
+
+
+def test_fixed_length_beyond_the_model_is_an_error():
+    model, _ = tiny_model()
+    src, _ = random_batch(batch=2)
+    with pytest.raises(ValueError, match="fixed length"):
+        search(model, src, 2, fixed_length=model.config.max_positions)
+
+
+def test_static_cache_append_and_reorder():
+    """cache_append writes in place up to the capacity; reorder_cache gathers the filled
+    steps only and swaps to the spare buffer; both match the concatenating cache."""
+    torch.manual_seed(0)
+    static, growing = {"capacity": 5, "step": 0}, {"step": 0}
+    steps = [torch.randn(3, 2, 1, 4) for _ in range(4)]
+    orders = [torch.tensor([2, 0, 0]), torch.tensor([1, 2, 0]), torch.tensor([0, 0])]
+    for step, values in enumerate(steps):
+        static["step"] = growing["step"] = step
+        out_static = cache_append(static, "v", values[: static.get("v", values).shape[0]])
+        out_growing = cache_append(growing, "v", values[: growing.get("v", values).shape[0]])
+        assert torch.equal(out_static, out_growing)
+        assert static["v"].shape[2] == 5  # the buffer keeps its capacity
+        if step < len(orders):
+            reorder_cache(static, orders[step])
+            reorder_cache(growing, orders[step])
+    with pytest.raises(ValueError, match="capacity"):
+        static["step"] = 5
+        cache_append(static, "v", torch.randn(2, 2, 1, 4))

@@ -9,9 +9,18 @@ batches, with the same beam size, length penalty and length cap, with
 * CTranslate2 (float32, ``intra_threads`` = ``--threads``) on the TransF checkpoint exported
   with ``ranmt export --format ctranslate2`` (built in memory, written to ``--out``);
 * Hugging Face ``generate`` on the same checkpoint as a Marian model (``build_marian``; a
-  post-norm TransF only: Marian is post-norm; skipped otherwise).
+  post-norm TransF only: Marian is post-norm; skipped otherwise);
+* with ``--int8``: ranmt TransF/RAN-ALL with ``--quantize int8`` and CTranslate2 int8.
 
-Systems run interleaved (A, B, C, D, then again) ``--repeats`` times after a warm-up round;
+``--fixed-length L`` makes every hypothesis of every system exactly L tokens (ranmt:
+``search(fixed_length=L)``; CTranslate2: ``min_decoding_length = max_decoding_length = L``;
+HF: ``min_new_tokens = L``, ``max_new_tokens = L + 1`` with EOS forced last), so any two
+checkpoints, trained or not, do identical work; without it each system decodes the real
+outputs of the model. ``--batch 1`` gives interactive latency (``ms_per_sentence``).
+``--json FILE`` writes ``{"tokens_per_s": {"ranmt TransF": ..., "CTranslate2 fp32": ...},
+"ms_per_sentence": {...}, "ratios": {...}, "systems": {...}, ...}``.
+
+Systems run interleaved, in a rotating order, ``--repeats`` times after a warm-up round;
 the median tokens/s (generated target tokens incl. EOS) is reported with the ratio to ranmt
 TransF, and each peer's share of outputs identical to ranmt TransF's shows that all decoded
 the same model with the same settings. Length penalty: score / |Y|^alpha for every system
@@ -36,7 +45,7 @@ sacreBLEU BLEU and chrF side by side. ``--ranmt-checkpoint`` reuses a ranmt chec
 trained that way (e.g. a grid cell's ``checkpoints/step_N``) instead of training one.
 
     python benchmarks/peers.py decode --transf RUN_T --ran RUN_R --data DATA \\
-        --split test_2016_flickr --out benchmark/peers
+        --split test_2016_flickr --fixed-length 30 --int8 --json decode.json --out benchmark/peers
     python benchmarks/peers.py train --data DATA --out benchmark/peers
     python benchmarks/peers.py quality --data DATA --steps 1000 --out benchmark/peers-quality
 """
@@ -65,40 +74,45 @@ from ranmt.translator import Translator
 # ------------------------------------------------------------------------------ decoding
 
 
-def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int):
+def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int,
+                  fixed_length: int | None):
     model = translator.model.eval()
 
     def run(batch: list[list[int]]) -> list[list[int]]:
-        hyps = search(model, pad_sources(batch), beam, lenpen, "fairseq", 0.0, max_len, 1)
+        hyps = search(model, pad_sources(batch), beam, lenpen, "fairseq", 0.0, max_len, 1,
+                      fixed_length=fixed_length)
         return [h[0][0] for h in hyps]
 
     return run
 
 
-def _ct2_system(translator: Translator, out: Path, beam: int, lenpen: float, max_len: int,
-                threads: int):
+def _ct2_system(translator: Translator, path: Path, beam: int, lenpen: float, max_len: int,
+                fixed_length: int | None, threads: int, compute_type: str = "float32"):
+    """CTranslate2 on the model exported to ``path``, weights converted to ``compute_type``
+    when loaded (float32 or int8)."""
     import ctranslate2
 
-    from ranmt.export import export_ctranslate2
-
-    path = export_ctranslate2(translator.checkpoint_dir, out / "ct2-transf")
-    engine = ctranslate2.Translator(str(path), device="cpu", compute_type="float32",
+    engine = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
                                     intra_threads=threads, inter_threads=1)
     src = translator.src_vocab.processor
     tgt = translator.tgt_vocab.processor
     src_pieces = [src.id_to_piece(i) for i in range(src.get_piece_size())]
+    # Fixed length L: at least and at most L tokens; otherwise up to max_len (CT2's minimum
+    # is 1 by default, ranmt's 0).
+    lengths = ((fixed_length, fixed_length) if fixed_length is not None else (0, max_len))
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         results = engine.translate_batch([[src_pieces[i] for i in s] for s in batch],
                                          beam_size=beam, length_penalty=lenpen,
-                                         max_decoding_length=max_len,
-                                         min_decoding_length=0)  # CT2's default is 1
+                                         min_decoding_length=lengths[0],
+                                         max_decoding_length=lengths[1])
         return [[tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
     return run
 
 
-def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int):
+def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int,
+               fixed_length: int | None):
     from ranmt.export import ExportError, build_marian
 
     try:
@@ -106,13 +120,16 @@ def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int):
     except ExportError as err:
         print(f"Hugging Face generate skipped: {err}", file=sys.stderr)
         return None
+    # New tokens include the EOS that ends a hypothesis; Marian forces EOS at the last one.
+    lengths = {"max_new_tokens": max_len + 1}
+    if fixed_length is not None:
+        lengths = {"min_new_tokens": fixed_length, "max_new_tokens": fixed_length + 1}
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         src = pad_sources(batch)  # (B, S) with EOS, right-padded with PAD_ID
         output = marian.generate(input_ids=src, attention_mask=src.ne(PAD_ID),
                                  num_beams=beam, length_penalty=lenpen, early_stopping=True,
-                                 max_new_tokens=max_len + 1,  # + the EOS that ends it
-                                 do_sample=False)
+                                 do_sample=False, **lengths)
         hyps = []
         for row in output[:, 1:].tolist():  # drop the decoder start token
             ids = [t for t in row if t != PAD_ID]
@@ -122,70 +139,119 @@ def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int):
     return run
 
 
-def decode(args) -> dict:
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def _decode_systems(args, out: Path) -> dict:
+    """name -> run(batch of source ids) -> best hypotheses, for every system measured."""
     transf = Translator.load(args.transf, device="cpu")
-    sentences = raw_text(args.data, args.split, "src")[:args.sentences]
-    ids = [s for s in transf.src_vocab.encode(sentences) if s]
-    lengths = np.array([len(s) for s in ids])
-    batches = [[ids[i] for i in rows]
-               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
-    settings = (args.beam, args.lenpen, args.max_len)
+    settings = (args.beam, args.lenpen, args.max_len, args.fixed_length)
     systems = {"ranmt TransF": _ranmt_system(transf, *settings)}
+    ran = None
     if args.ran:
         ran = Translator.load(args.ran, device="cpu")
         if ran.src_vocab.processor.serialized_model_proto() != \
                 transf.src_vocab.processor.serialized_model_proto():
             raise SystemExit("--ran and --transf must share the source vocabulary")
         systems["ranmt RAN-ALL"] = _ranmt_system(ran, *settings)
-    systems["CTranslate2 fp32"] = _ct2_system(transf, out, *settings, args.threads)
-    hf = _hf_system(transf, *settings)
-    if hf is not None:
-        systems["HF generate"] = hf
+    from ranmt.export import export_ctranslate2
+
+    ct2_path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
+    systems["CTranslate2 fp32"] = _ct2_system(transf, ct2_path, *settings, args.threads)
+    if args.int8:
+        systems["ranmt TransF int8"] = _ranmt_system(
+            Translator.load(args.transf, device="cpu", quantize="int8"), *settings)
+        if args.ran:
+            systems["ranmt RAN-ALL int8"] = _ranmt_system(
+                Translator.load(args.ran, device="cpu", quantize="int8"), *settings)
+        systems["CTranslate2 int8"] = _ct2_system(transf, ct2_path, *settings, args.threads,
+                                                  "int8")
+    if not args.no_hf:
+        hf = _hf_system(transf, *settings)
+        if hf is not None:
+            systems["HF generate"] = hf
+    return systems, transf
+
+
+def decode(args) -> dict:
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    systems, transf = _decode_systems(args, out)
+    sentences = raw_text(args.data, args.split, "src")[:args.sentences]
+    ids = [s for s in transf.src_vocab.encode(sentences) if s]
+    lengths = np.array([len(s) for s in ids])
+    batches = [[ids[i] for i in rows]
+               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
     samples: dict[str, list[float]] = {name: [] for name in systems}
+    seconds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
+    names = list(systems)
     with torch.inference_mode():
         for repeat in range(args.repeats + 1):  # round 0 = warm-up
-            for name, run in systems.items():
+            for shift in range(len(names)):  # a rotating order: no system always goes first
+                name = names[(repeat + shift) % len(names)]
                 start = time.perf_counter()
-                hyps = [h for batch in batches for h in run(batch)]
-                seconds = time.perf_counter() - start
+                hyps = [h for batch in batches for h in systems[name](batch)]
+                elapsed = time.perf_counter() - start
                 outputs[name] = hyps
                 if repeat:
-                    samples[name].append(sum(len(h) + 1 for h in hyps) / seconds)
-                print(f"round {repeat}: {name} {seconds:.2f} s", file=sys.stderr)
+                    samples[name].append(sum(len(h) + 1 for h in hyps) / elapsed)
+                    seconds[name].append(elapsed)
+                print(f"round {repeat}: {name} {elapsed:.2f} s", file=sys.stderr)
+    result = _decode_result(args, ids, systems, samples, seconds, outputs)
+    table = _decode_table(args, result)
+    print(table)
+    (out / "decode.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "decode.md").write_text(table + "\n", encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
     reference = outputs["ranmt TransF"]
     base = statistics.median(samples["ranmt TransF"])
     rows = {}
     for name in systems:
         tok_s = statistics.median(samples[name])
         same = sum(a == b for a, b in zip(outputs[name], reference)) / len(reference)
+        lengths = {len(h) for h in outputs[name]}
         rows[name] = {"tokens_per_s": tok_s, "sentences_per_s": tok_s * len(ids) / sum(
-            len(h) + 1 for h in outputs[name]), "ratio_to_ranmt_transf": tok_s / base,
-            "same_output_as_ranmt_transf": same, "samples": samples[name]}
-    result = {"kind": "decode", "sentences": len(ids), "batch": args.batch, "beam": args.beam,
-              "lenpen": args.lenpen, "max_len": args.max_len, "threads": args.threads,
-              "repeats": args.repeats, "torch": torch.__version__, "systems": rows}
-    lines = [f"decoding {len(ids)} sentences of {args.split}, batch {args.batch}, beam "
-             f"{args.beam}, lenpen {args.lenpen}, {args.threads} threads, median of "
-             f"{args.repeats}", "",
-             "| system | tgt tok/s | sent/s | ratio to ranmt TransF | same output as "
-             "ranmt TransF |", "|---|---|---|---|---|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | {row['tokens_per_s']:,.0f} | {row['sentences_per_s']:,.1f} "
-                     f"| {row['ratio_to_ranmt_transf']:.2f}x | "
-                     f"{100 * row['same_output_as_ranmt_transf']:.1f}% |")
-    if "ranmt RAN-ALL" in rows and "CTranslate2 fp32" in rows:
-        ratio = rows["ranmt RAN-ALL"]["tokens_per_s"] / rows["CTranslate2 fp32"]["tokens_per_s"]
-        lines.append(f"\nranmt RAN-ALL / CTranslate2 fp32 (TransF): {ratio:.2f}x")
-        result["ran_all_over_ct2"] = ratio
-    table = "\n".join(lines)
-    print(table)
-    (out / "decode.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (out / "decode.md").write_text(table + "\n", encoding="utf-8")
+            len(h) + 1 for h in outputs[name]),
+            "ms_per_sentence": 1000 * statistics.median(seconds[name]) / len(ids),
+            "ratio_to_ranmt_transf": tok_s / base, "same_output_as_ranmt_transf": same,
+            "output_lengths": [min(lengths), max(lengths)], "samples": samples[name]}
+    result = {"kind": "decode", "split": args.split, "sentences": len(ids),
+              "batch": args.batch, "beam": args.beam, "lenpen": args.lenpen,
+              "max_len": args.max_len, "fixed_length": args.fixed_length,
+              "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
+              "tokens_per_s": {name: row["tokens_per_s"] for name, row in rows.items()},
+              "ms_per_sentence": {name: row["ms_per_sentence"] for name, row in rows.items()},
+              "systems": rows}
+    for mine, theirs in (("ranmt TransF", "CTranslate2 fp32"),
+                         ("ranmt RAN-ALL", "CTranslate2 fp32"),
+                         ("ranmt TransF int8", "CTranslate2 int8"),
+                         ("ranmt RAN-ALL int8", "CTranslate2 int8")):
+        if mine in rows and theirs in rows:
+            result.setdefault("ratios", {})[f"{mine} / {theirs}"] = (
+                rows[mine]["tokens_per_s"] / rows[theirs]["tokens_per_s"])
     return result
+
+
+def _decode_table(args, result: dict) -> str:
+    length = (f"fixed output length {args.fixed_length}" if args.fixed_length is not None
+              else "outputs as the model writes them")
+    lines = [f"decoding {result['sentences']} sentences of {args.split}, batch {args.batch}, "
+             f"beam {args.beam}, lenpen {args.lenpen}, {length}, {args.threads} threads, "
+             f"median of {args.repeats}", "",
+             "| system | tgt tok/s | sent/s | ms/sentence | ratio to ranmt TransF | same output "
+             "as ranmt TransF |", "|---|---|---|---|---|---|"]
+    for name, row in result["systems"].items():
+        lines.append(f"| {name} | {row['tokens_per_s']:,.0f} | {row['sentences_per_s']:,.1f} "
+                     f"| {row['ms_per_sentence']:.1f} | {row['ratio_to_ranmt_transf']:.2f}x | "
+                     f"{100 * row['same_output_as_ranmt_transf']:.1f}% |")
+    if result.get("ratios"):
+        lines.append("")
+        lines += [f"{pair}: {ratio:.2f}x" for pair, ratio in result["ratios"].items()]
+    return "\n".join(lines)
 
 # ------------------------------------------------------------------------------ training
 
@@ -436,6 +502,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=0.6)
     p.add_argument("--max-len", type=int, default=64, help="new tokens at most (then EOS)")
+    p.add_argument("--fixed-length", type=int,
+                   help="every hypothesis exactly this many tokens in every system (EOS "
+                        "suppressed before, forced at it): equal work whatever the model writes")
+    p.add_argument("--int8", action="store_true",
+                   help="also ranmt --quantize int8 and CTranslate2 int8")
+    p.add_argument("--no-hf", action="store_true", help="leave Hugging Face generate out")
+    p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(func=decode)
     p = sub.add_parser("train", help="ranmt vs Joey NMT training throughput")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ranmt.cli import main
 
 
@@ -39,3 +41,21 @@ def test_checkpoint_labels_tell_experiment_cells_apart():
     assert _run_label("runs/transf-small") == "runs/transf-small"
     assert _run_label("runs/x/checkpoints/step_00001000") == "x/step_00001000"
     assert _run_label("/abs/run") == "abs"
+
+
+def test_benchmark_fixed_length_and_int8(tmp_path):
+    """With --fixed-length every system generates exactly L tokens + EOS per sentence, so
+    tokens/s = (L + 1) x sentences/s for each, the int8 copies included."""
+    length = 6
+    main(["benchmark", "--arch", "transf", "--arch", "ran-all", "--preset", "tiny",
+          "--vocab-size", "50", "--sentences", "10", "--batch-sizes", "4", "--beams", "2",
+          "--batch", "4", "--beam", "2", "--repeats", "1", "--no-train", "--fixed-length",
+          str(length), "--quantize", "none", "int8", "--out", str(tmp_path), "--device", "cpu"])
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    assert result["systems"] == ["transf:tiny", "ran-all:tiny", "transf:tiny int8",
+                                 "ran-all:tiny int8"]
+    assert result["fixed_length"] == length and result["train"] == {}
+    for row in result["decode"]:
+        for entry in row["systems"].values():
+            assert entry["tokens_per_s"] == pytest.approx((length + 1) * entry["sentences_per_s"])
+    assert "fixed output length 6" in (tmp_path / "benchmark.md").read_text()

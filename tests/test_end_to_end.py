@@ -32,3 +32,9 @@ def test_reverse_task_reaches_bleu_90(reverse_data, tmp_path, capsys):
           "--split", "test", "--beam", "4", "--json", "--device", "cpu"])
     result = json.loads(capsys.readouterr().out)
     assert result["bleu"] == bleu and "nrefs:1" in result["signature"]["bleu"]
+
+    # int8 (dynamic quantization of the linear layers) keeps the trained model's quality.
+    main(["evaluate", "--checkpoint", str(tmp_path / "run"), "--data", str(reverse_data),
+          "--split", "test", "--beam", "4", "--json", "--device", "cpu", "--quantize", "int8"])
+    int8 = json.loads(capsys.readouterr().out)["bleu"]
+    assert abs(int8 - bleu) <= 1.0, f"int8 BLEU {int8} vs fp32 {bleu}"

@@ -29,7 +29,7 @@ def _peers():
     return module
 
 
-def test_peers_decode_same_outputs_and_writes_table(reverse_data, tmp_path):
+def _tiny_post_norm_checkpoint(reverse_data, path):
     meta = load_meta(reverse_data)
     cfg = tiny_config(**{"model.src_vocab_size": meta["src_vocab_size"],
                          "model.tgt_vocab_size": meta["tgt_vocab_size"], "model.norm": "post"})
@@ -37,12 +37,23 @@ def test_peers_decode_same_outputs_and_writes_table(reverse_data, tmp_path):
     model = build_model(cfg.model).eval()
     with torch.no_grad():  # a random model with a strong EOS bias ends its outputs early
         model.decoder.embedder.tokens.weight[3].mul_(3.0)
-    save_checkpoint(tmp_path / "ckpt", model, cfg,
+    save_checkpoint(path, model, cfg,
                     {"src": reverse_data / "spm.src.model", "tgt": reverse_data / "spm.tgt.model"})
-    args = argparse.Namespace(transf=str(tmp_path / "ckpt"), ran=None, data=str(reverse_data),
-                              split="test", sentences=24, batch=8, beam=3, lenpen=0.6,
-                              max_len=12, repeats=1, threads=1, out=str(tmp_path / "out"))
-    result = _peers().decode(args)
+    return path
+
+
+def _args(reverse_data, tmp_path, **overrides):
+    values = dict(transf=str(_tiny_post_norm_checkpoint(reverse_data, tmp_path / "ckpt")),
+                  ran=None, data=str(reverse_data), split="test", sentences=24, batch=8,
+                  beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
+                  out=str(tmp_path / "out"), fixed_length=None, int8=False, no_hf=False,
+                  json=None)
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_peers_decode_same_outputs_and_writes_table(reverse_data, tmp_path):
+    result = _peers().decode(_args(reverse_data, tmp_path))
     systems = result["systems"]
     assert set(systems) == {"ranmt TransF", "CTranslate2 fp32", "HF generate"}
     for name, row in systems.items():
@@ -52,3 +63,22 @@ def test_peers_decode_same_outputs_and_writes_table(reverse_data, tmp_path):
     saved = json.loads((tmp_path / "out" / "decode.json").read_text())
     assert saved["systems"].keys() == systems.keys()
     assert "| CTranslate2 fp32 |" in (tmp_path / "out" / "decode.md").read_text()
+
+
+def test_peers_decode_fixed_length_is_exact_in_every_system(reverse_data, tmp_path):
+    """--fixed-length L: ranmt (fp32 and int8), CTranslate2 (fp32 and int8) and HF generate
+    all write exactly L tokens per sentence, though the model would stop earlier."""
+    length = 9
+    result = _peers().decode(_args(reverse_data, tmp_path, fixed_length=length, int8=True,
+                                   json=str(tmp_path / "peers.json")))
+    systems = result["systems"]
+    assert set(systems) == {"ranmt TransF", "CTranslate2 fp32", "HF generate",
+                            "ranmt TransF int8", "CTranslate2 int8"}
+    for name, row in systems.items():
+        assert row["output_lengths"] == [length, length], name
+    assert systems["CTranslate2 fp32"]["same_output_as_ranmt_transf"] == 1.0
+    assert systems["HF generate"]["same_output_as_ranmt_transf"] == 1.0
+    saved = json.loads((tmp_path / "peers.json").read_text())
+    assert set(saved["tokens_per_s"]) == set(systems)
+    assert saved["fixed_length"] == length
+    assert "ranmt TransF int8 / CTranslate2 int8" in saved["ratios"]

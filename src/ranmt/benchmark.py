@@ -1,7 +1,11 @@
 """``ranmt benchmark``: decoding and training speed of several systems, side by side.
 
 Systems are trained checkpoints (``--checkpoint``) or freshly initialised models of a preset
-(``--arch``; their outputs are not translations, so prefer checkpoints for decoding numbers).
+(``--arch``), each also int8-quantized with ``--quantize none int8``. What a model writes
+decides how much work decoding is (lengths, repetitions), so two systems' decoding speeds
+compare like work only with ``--fixed-length L``: every hypothesis then has exactly L
+tokens (EOS suppressed before L, forced at L), trained or not. Without it, the systems
+decode their real outputs (the second table of docs/PERFORMANCE.md).
 Every measurement is interleaved over the systems (system A, B, C, then A, B, C again) so
 machine noise hits all of them alike, repeated ``--repeats`` times after one warm-up, and
 the median is reported, with the ratio to the first system (and, in the table, the range
@@ -29,6 +33,7 @@ from ranmt.config import load_config
 from ranmt.data.batching import collate, make_batches, pad_sources
 from ranmt.decode import search
 from ranmt.model import build_model
+from ranmt.quantize import is_quantized
 from ranmt.train import label_smoothed_loss
 from ranmt.translator import Translator, pick_device
 
@@ -56,21 +61,27 @@ def _run_label(checkpoint: str) -> str:
 
 
 def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_size: int,
-                 device: torch.device) -> list[tuple[str, Translator | None, object, object]]:
-    """(label, translator or None, model, config) per system."""
+                 device: torch.device, quantize: tuple[str, ...] = ("none",)
+                 ) -> list[tuple[str, Translator | None, object, object]]:
+    """(label, translator or None, model, config) per system and quantization mode (int8
+    copies are labelled ``… int8``)."""
+    from ranmt.quantize import quantize_model
+
     systems = []
-    for checkpoint in checkpoints:
-        translator = Translator.load(checkpoint, device=str(device))
-        label = f"{translator.config.model.arch}:{_run_label(checkpoint)}"
-        systems.append((label, translator, translator.model, translator.config))
-    for arch in archs:
-        cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
-                                 "model.src_vocab_size": str(vocab_size),
-                                 "model.tgt_vocab_size": str(vocab_size),
-                                 "model.joint_vocab": "true"})
-        torch.manual_seed(0)
-        model = build_model(cfg.model).to(device).eval()
-        systems.append((f"{arch}:{preset}", None, model, cfg))
+    for mode in quantize:
+        suffix = "" if mode == "none" else f" {mode}"
+        for checkpoint in checkpoints:
+            translator = Translator.load(checkpoint, device=str(device), quantize=mode)
+            label = f"{translator.config.model.arch}:{_run_label(checkpoint)}{suffix}"
+            systems.append((label, translator, translator.model, translator.config))
+        for arch in archs:
+            cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
+                                     "model.src_vocab_size": str(vocab_size),
+                                     "model.tgt_vocab_size": str(vocab_size),
+                                     "model.joint_vocab": "true"})
+            torch.manual_seed(0)
+            model = quantize_model(build_model(cfg.model).to(device).eval(), mode)
+            systems.append((f"{arch}:{preset}{suffix}", None, model, cfg))
     if not systems:
         raise ValueError("give at least one --checkpoint or --arch")
     return systems
@@ -90,8 +101,10 @@ def _inputs(systems, data: str | None, split: str, count: int, vocab_size: int
 
 
 def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
-                 device: torch.device) -> tuple[float, float]:
-    """(target tokens/s, sentences/s) for decoding ``sources``."""
+                 device: torch.device, fixed_length: int | None = None
+                 ) -> tuple[float, float]:
+    """(target tokens/s, sentences/s) for decoding ``sources`` (length-sorted batches);
+    with ``fixed_length`` every hypothesis has exactly that many tokens."""
     decode = config.decode
     model.eval()
     generated = 0
@@ -101,7 +114,7 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
     for rows in make_batches(lengths, lengths, 10 ** 9, batch):
         src = pad_sources([sources[i] for i in rows]).to(device)
         hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
-                      decode.max_len_b, 1)
+                      decode.max_len_b, 1, fixed_length=fixed_length)
         generated += sum(len(h[0][0]) + 1 for h in hyps)
     _sync(device)
     seconds = time.perf_counter() - start
@@ -166,9 +179,11 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                   split: str = "test", sentences: int = 200,
                   batch_sizes=(1, 10, 50, 100), beams=(1, 2, 4, 8), fixed_beam: int = 4,
                   fixed_batch: int = 100, repeats: int = 3, train_tokens: int = 4096,
-                  device_name: str = "auto", log=print) -> dict:
+                  device_name: str = "auto", log=print, fixed_length: int | None = None,
+                  quantize: tuple[str, ...] | list[str] = ("none",), train: bool = True
+                  ) -> dict:
     device = pick_device(device_name)
-    systems = load_systems(checkpoints, archs, preset, vocab_size, device)
+    systems = load_systems(checkpoints, archs, preset, vocab_size, device, tuple(quantize))
     sources = _inputs(systems, data, split, sentences, vocab_size)
     limit = min(cfg.model.max_positions for _, _, _, cfg in systems) - 1
     sources = [s[:limit] for s in sources if s]
@@ -176,13 +191,15 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                [("beam", fixed_batch, k) for k in beams]
     results: dict = {"device": str(device), "torch": torch.__version__,
                      "sentences": len(sources), "repeats": repeats, "decode": [],
+                     "fixed_length": fixed_length, "threads": torch.get_num_threads(),
                      "train": {}, "systems": [label for label, *_ in systems]}
     with torch.no_grad():
         for kind, batch, beam in settings:
             samples: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in systems}
             for repeat in range(repeats + 1):  # first round = warm-up
                 for label, _, model, cfg in systems:
-                    value = decode_speed(model, cfg, sources, batch, beam, device)
+                    value = decode_speed(model, cfg, sources, batch, beam, device,
+                                         fixed_length)
                     if repeat > 0:
                         samples[label].append(value)
             row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
@@ -200,6 +217,21 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
             log(f"decode batch {batch:>3} beam {beam}: " + "  ".join(
                 f"{label} {v['tokens_per_s']:,.0f} tok/s ({v['ratio']:.2f}x)"
                 for label, v in row["systems"].items()))
+    if train:
+        _train_rows(results, systems, sources, train_tokens, repeats, device, log)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    _plot(results, out / "benchmark.png")
+    (out / "benchmark.md").write_text(_table(results), encoding="utf-8")
+    print(_table(results))
+    return results
+
+
+def _train_rows(results: dict, systems, sources, train_tokens: int, repeats: int,
+                device: torch.device, log) -> None:
+    """Training throughput of the (unquantized) systems, interleaved, into results."""
+    systems = [s for s in systems if not is_quantized(s[2])]
     train_samples: dict[str, list] = {label: [] for label, *_ in systems}
     for repeat in range(repeats + 1):
         for label, _, model, cfg in systems:
@@ -217,26 +249,25 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
             entry["max_tokens_per_batch"] = max_tokens_that_fit(model, sources, device)
         results["train"][label] = entry
         log(f"train {label}: {tok:,.0f} tgt tok/s ({entry['ratio']:.2f}x)")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    _plot(results, out / "benchmark.png")
-    (out / "benchmark.md").write_text(_table(results), encoding="utf-8")
-    print(_table(results))
-    return results
 
 
 def _table(results: dict) -> str:
     names = results["systems"]
     train = results["train"]
+    fixed = results.get("fixed_length")
     lines = [f"device {results['device']}, torch {results['torch']}, "
-             f"{results['sentences']} sentences, median of {results['repeats']} runs", "",
+             f"{results.get('threads', '?')} threads, {results['sentences']} sentences, "
+             + (f"fixed output length {fixed}, " if fixed else "outputs as the models write, ")
+             + f"median of {results['repeats']} runs", "",
              "| vary | batch | beam | " + " | ".join(f"{name} tok/s (ratio)" for name in names)
              + " |", "|---|---|---|" + "---|" * len(names)]
     for row in results["decode"]:
         cells = [_cell(row["systems"][name], name != names[0]) for name in names]
         lines.append(f"| {row['vary']} | {row['batch']} | {row['beam']} | " + " | ".join(cells)
                      + " |")
+    names = [name for name in names if name in train]
+    if not names:
+        return "\n".join(lines) + "\n"
     lines += ["", "| training | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
               "| tgt tok/s (ratio) | " + " | ".join(
                   f"{train[name]['tokens_per_s']:,.0f} ({train[name]['ratio']:.2f}x)"

@@ -48,11 +48,19 @@ class Translator:
         self.checkpoint_dir = checkpoint_dir
 
     @classmethod
-    def load(cls, checkpoint: str | Path, device: str = "auto", **decode_overrides
-             ) -> Translator:
-        """Load a run directory or checkpoint; ``decode_overrides`` set decode fields."""
+    def load(cls, checkpoint: str | Path, device: str = "auto", quantize: str = "none",
+             **decode_overrides) -> Translator:
+        """Load a run directory or checkpoint; ``decode_overrides`` set decode fields.
+
+        ``quantize="int8"``: int8 dynamic quantization of the linear layers (CPU only;
+        see :mod:`ranmt.quantize`)."""
+        from ranmt.quantize import quantize_model
+
         device_ = pick_device(device)
+        if quantize != "none" and device_.type != "cpu":
+            raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
         model, config, _, directory = load_checkpoint(checkpoint, device_)
+        model = quantize_model(model, quantize)
         for key, value in decode_overrides.items():
             if value is None:
                 continue

@@ -1,0 +1,59 @@
+"""Post-training int8 quantization for CPU inference (``--quantize int8``).
+
+Dynamic quantization (PyTorch's ``quantize_dynamic``): the weights of every linear layer
+(attention projections, feed-forward, output projection) are stored as int8 with one scale
+per tensor; activations are quantized on the fly per batch, the products run in int8 and
+are accumulated in int32. Embeddings, layer norms, attention weights (RAN's learned
+matrices included) and the softmax stay float32, so every registry variant quantizes the
+same way. A tied output projection is given its own (quantized) copy of the target
+embedding, since the embedding lookup itself stays float.
+
+PyTorch marks ``torch.ao.quantization`` as deprecated in favour of torchao; it still ships
+and runs in the versions this project supports (2.4 to 2.13), and its warnings are
+silenced here. CTranslate2's ``int8`` is the peer this is measured against
+(``benchmarks/peers.py decode``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from ranmt.packed import plain_linears
+
+QUANTIZE_MODES = ("none", "int8")
+
+
+def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
+    """Return ``model`` quantized for CPU inference (``mode`` int8) or unchanged (none).
+
+    In place: the model's linear layers are replaced; it stays usable for inference only.
+    """
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"unknown quantization '{mode}' (choose from {', '.join(QUANTIZE_MODES)})")
+    if mode == "none":
+        return model
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("int8 quantization runs on the CPU only (use --device cpu)")
+    model.eval()
+    decoder = getattr(model, "decoder", None)
+    if decoder is not None and decoder.output is None:  # tied: give the projection its own copy
+        weight = decoder.embedder.tokens.weight
+        output = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        with torch.no_grad():
+            output.weight.copy_(weight)
+        decoder.output = output
+    plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is int8-quantized."""
+    return any("quantized" in type(m).__module__ for m in model.modules())

@@ -150,3 +150,24 @@ def test_translate_nbest_output(untrained_run, tmp_path):
     assert [row[0] for row in rows] == ["0", "0", "1", "1"]
     for first, second in ((rows[0], rows[1]), (rows[2], rows[3])):
         assert float(first[1]) >= float(second[1])  # best first
+
+
+def test_translate_progress_bar_on_a_terminal_only(untrained_run, tmp_path, capsys, monkeypatch):
+    """More than one batch: a bar with sentences/s and tokens/s on stderr when stderr is a
+    terminal, nothing with --quiet or when stderr is a file or pipe; stdout holds only the
+    translations either way."""
+    lines = [" ".join("abcdefg"[: 1 + i % 7]) for i in range(40)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    argv = ["translate", "--checkpoint", str(untrained_run), "--input", str(tmp_path / "in.txt"),
+            "--batch-size", "8", "--beam", "2", "--device", "cpu"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    main(argv)
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 40
+    assert "40/40" in err and "sent/s" in err and "tok_s=" in err
+    main(argv + ["--quiet"])
+    out_quiet, err_quiet = capsys.readouterr()
+    assert out_quiet == out and "sent/s" not in err_quiet
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    main(argv)
+    assert "sent/s" not in capsys.readouterr().err

@@ -60,11 +60,13 @@ def _load_translator(args):
     for name in ("max_len_a", "max_len_b"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
-    return Translator.load(args.checkpoint, device=args.device, quantize=args.quantize,
-                           beam=args.beam,
-                           lenpen=args.lenpen, batch_size=args.batch_size,
-                           max_len_a=args.max_len_a, max_len_b=args.max_len_b, nbest=nbest,
-                           truncate_long=True if args.truncate_long else None)
+    translator = Translator.load(args.checkpoint, device=args.device, quantize=args.quantize,
+                                 beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
+                                 max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+                                 nbest=nbest, truncate_long=True if args.truncate_long else None)
+    # A progress bar on stderr only where someone watches it: not into logs or pipes.
+    translator.progress = not args.quiet and sys.stderr.isatty()
+    return translator
 
 
 def _cmd_translate(args) -> None:
@@ -271,6 +273,8 @@ def _decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
                         help="int8: int8 dynamic quantization of the linear layers (CPU only; "
                              "faster, BLEU within a few tenths; default none)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (shown on stderr when it is a terminal)")
 
 
 def _metric_options(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ranmt.checkpoint import load_checkpoint
 from ranmt.config import DecodeConfig
@@ -46,6 +47,9 @@ class Translator:
         self.tgt_vocab = tgt_vocab
         self.device = device
         self.checkpoint_dir = checkpoint_dir
+        self.progress = False
+        """Show a progress bar (sentences/s, tokens/s, ETA) on stderr while translating
+        more than one batch; the CLI turns it on when stderr is a terminal."""
 
     @classmethod
     def load(cls, checkpoint: str | Path, device: str = "auto", quantize: str = "none",
@@ -102,12 +106,19 @@ class Translator:
             tokens_per_batch = d.batch_size * (int(lengths.max()) + 1)
             batches = make_batches(lengths, lengths, tokens_per_batch, d.batch_size)
             self.model.eval()
+            bar = tqdm(total=len(nonempty), unit="sent", file=sys.stderr, leave=True,
+                       dynamic_ncols=True, disable=not self.progress or len(batches) <= 1)
+            generated = 0
             for batch in batches:
                 rows = [nonempty[j] for j in batch]
                 src = pad_sources([ids[r] for r in rows]).to(self.device)
                 hyps = search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
                               d.max_len_b, d.nbest)
                 limit = self.config.model.max_positions - 1
+                generated += sum(len(hyp[0][0]) + 1 for hyp in hyps)
+                bar.update(len(rows))
+                bar.set_postfix(tok_s=f"{generated / max(bar.format_dict['elapsed'], 1e-9):,.0f}",
+                                refresh=False)
                 for row, hyp in zip(rows, hyps):
                     results[row] = hyp
                     wanted = int(d.max_len_a * len(ids[row]) + d.max_len_b)
@@ -115,6 +126,7 @@ class Translator:
                         print(f"warning: output line {first_line + row} stopped at {limit} "
                               f"subwords, the model's limit (model.max_positions="
                               f"{limit + 1})", file=sys.stderr)
+            bar.close()
         return results
 
     def translate(self, sentences: list[str], first_line: int = 1) -> list[str]:

@@ -19,6 +19,7 @@ from ranmt.decode import (
     beam_search_reference,
     greedy_search,
     greedy_search_reference,
+    row_topk,
     search,
 )
 from ranmt.model import EOS_ID
@@ -117,3 +118,27 @@ def test_static_cache_append_and_reorder():
     with pytest.raises(ValueError, match="capacity"):
         static["step"] = 5
         cache_append(static, "v", torch.randn(2, 2, 1, 4))
+
+
+@pytest.mark.parametrize(("rows", "width", "k"), [(7, 8000, 8), (5, 2050, 4), (3, 1000, 2),
+                                                  (4, 100, 8)])
+def test_row_topk_equals_topk(rows, width, k):
+    torch.manual_seed(width)
+    scores = torch.log_softmax(torch.randn(rows, width) * 3, dim=-1)
+    scores[0, :] = float("-inf")  # a forced row: one finite entry
+    scores[0, 3] = -0.5
+    values, ids = row_topk(scores, k)
+    expected_values, expected_ids = scores.topk(k, dim=1)
+    assert torch.equal(values, expected_values)
+    assert torch.equal(ids[1:], expected_ids[1:]) and ids[0, 0] == 3
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all"])
+def test_fast_equals_reference_with_a_wide_vocabulary(arch):
+    """A 3,000-token vocabulary: the fast beam search selects with the blocked top-k."""
+    model, _ = tiny_model(seed=5, **{"model.arch": arch, "model.src_vocab_size": 3000,
+                                     "model.tgt_vocab_size": 3000})
+    src, _ = random_batch(batch=4, src_len=8, vocab=3000, seed=5)
+    for beam in (2, 4):
+        args = dict(beam=beam, lenpen=0.6, max_len_a=1.2, max_len_b=4, nbest=beam)
+        _same(beam_search(model, src, **args), beam_search_reference(model, src, **args))

@@ -210,6 +210,17 @@ def _cmd_benchmark(args) -> None:
                   quantize=args.quantize, train=not args.no_train)
 
 
+def _cmd_serve(args) -> None:
+    from ranmt.serve import ServeLimits, serve
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, not {args.port}")
+    limits = ServeLimits(max_lines=args.max_lines, max_chars=args.max_chars,
+                         max_beam=args.max_beam, batch_window_ms=args.batch_window_ms,
+                         max_batch_tokens=args.max_batch_tokens)
+    serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits)
+
+
 def _cmd_export(args) -> None:
     from ranmt.export import export_ctranslate2, export_hf_marian
 
@@ -417,6 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="benchmark", help="output directory")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_benchmark)
+
+    p = sub.add_parser("serve", help="serve models over HTTP (translation API and the "
+                                     "attention explorer at /)")
+    p.add_argument("--checkpoint", action="append", required=True,
+                   help="run or checkpoint to serve, optionally NAME=PATH (repeatable)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"])
+    p.add_argument("--max-lines", type=int, default=64, help="lines per request")
+    p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
+    p.add_argument("--max-beam", type=int, default=16)
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long a batch collects concurrent requests")
+    p.add_argument("--max-batch-tokens", type=int, default=8000,
+                   help="source tokens per dynamic batch")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("export", help="export a TransF checkpoint (Hugging Face Marian)")
     p.add_argument("--checkpoint", required=True)

@@ -8,6 +8,7 @@ length, unless ``truncate_long`` is set, in which case it is cut with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,12 @@ class Translator:
         return cls(model, config, Vocab(directory / "spm.src.model"),
                    Vocab(directory / "spm.tgt.model"), device_, directory)
 
+    def check_lengths(self, ids: list[list[int]], first_line: int = 1) -> list[list[int]]:
+        """The translate policy for inputs beyond ``model.max_positions``: an
+        :class:`InputTooLongError` naming the line, or (``truncate_long``) a cut with a
+        warning. Returns the (possibly cut) token ids."""
+        return self._check_lengths(ids, first_line)
+
     def _check_lengths(self, ids: list[list[int]], first_line: int) -> list[list[int]]:
         limit = self.config.model.max_positions - 1  # room for EOS
         out = []
@@ -91,11 +98,13 @@ class Translator:
             out.append(seq)
         return out
 
-    def translate_ids(self, ids: list[list[int]], first_line: int = 1
+    def translate_ids(self, ids: list[list[int]], first_line: int = 1, **decode_overrides
                       ) -> list[list[tuple[list[int], float]]]:
-        """Token ids in -> per input its n-best ``(target ids, score)``, input order."""
+        """Token ids in -> per input its n-best ``(target ids, score)``, input order.
+
+        ``decode_overrides`` (e.g. ``beam=2, nbest=2``) apply to this call only."""
         ids = self._check_lengths(ids, first_line)
-        d = self.decode_config
+        d = dataclasses.replace(self.decode_config, **decode_overrides)
         results: list = [None] * len(ids)
         nonempty = [i for i, seq in enumerate(ids) if len(seq) > 0]
         for i, seq in enumerate(ids):

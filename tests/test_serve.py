@@ -1,0 +1,241 @@
+"""ranmt serve: every endpoint, every refused input (and a good request right after it),
+concurrent requests batched dynamically yet each answered with its own translation, a
+decoding error that fails only its batch, SIGTERM with a request in flight, the page."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import tiny_config
+from ranmt.checkpoint import save_checkpoint
+from ranmt.model import build_model
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from ranmt.serve import ServeLimits, create_app, model_names  # noqa: E402
+from ranmt.translator import Translator  # noqa: E402
+
+SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]
+
+
+@pytest.fixture(scope="module")
+def runs(reverse_data, tmp_path_factory):
+    """Two untrained tiny checkpoints, TransF and RAN-ALL, over the synthetic vocabulary."""
+    import torch
+
+    from ranmt.data.corpus import load_meta
+
+    meta = load_meta(reverse_data)
+    root = tmp_path_factory.mktemp("serve")
+    paths = {}
+    for arch in ("transf", "ran-all"):
+        cfg = tiny_config(**{"model.arch": arch, "model.src_vocab_size": meta["src_vocab_size"],
+                             "model.tgt_vocab_size": meta["tgt_vocab_size"],
+                             "model.max_positions": 24})
+        torch.manual_seed(0)
+        save_checkpoint(root / arch, build_model(cfg.model), cfg,
+                        {"src": reverse_data / "spm.src.model",
+                         "tgt": reverse_data / "spm.tgt.model"})
+        paths[arch] = root / arch
+    return paths
+
+
+@pytest.fixture(scope="module")
+def translators(runs):
+    return {name: Translator.load(path, device="cpu") for name, path in runs.items()}
+
+
+@pytest.fixture()
+def client(translators):
+    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=30)
+    with TestClient(create_app(translators, limits)) as test_client:
+        yield test_client
+
+
+def _good(client):
+    response = client.post("/translate", json={"text": ["a b c"]})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_health_and_models(client):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["models"] == ["transf", "ran-all"]
+    models = client.get("/models").json()
+    assert [m["name"] for m in models["models"]] == ["transf", "ran-all"]
+    assert models["default"] == "transf" and models["models"][1]["arch"] == "ran-all"
+    assert models["limits"]["max_lines"] == 10
+
+
+def test_translate_matches_the_python_api(client, translators):
+    for name in ("transf", "ran-all"):
+        response = client.post("/translate", json={"text": SENTENCES + [""], "model": name})
+        body = response.json()
+        assert response.status_code == 200, body
+        assert body["model"] == name
+        expected = translators[name].translate_nbest(SENTENCES + [""])
+        got = [entry["text"] for entry in body["translations"]]
+        assert got == [hyps[0][0] for hyps in expected]
+        assert body["translations"][-1] == {"text": "", "score": 0.0}
+
+
+def test_nbest_and_attention(client, translators):
+    body = client.post("/translate", json={"text": ["a b c d"], "model": "ran-all", "beam": 4,
+                                           "nbest": 3, "attention": True}).json()
+    entry = body["translations"][0]
+    assert 1 <= len(entry["nbest"]) <= 3 and entry["nbest"][0]["text"] == entry["text"]
+    attention = entry["attention"]
+    rows, cols = len(attention["target_tokens"]), len(attention["source_tokens"])
+    assert attention["source_tokens"][-1] == "</s>"
+    config = translators["ran-all"].config.model
+    assert len(attention["cross"]) == config.decoder.layers
+    for layer in attention["cross"]:
+        assert len(layer) == config.heads and len(layer[0]) == rows and len(layer[0][0]) == cols
+        for row in layer[0]:
+            assert sum(row) == pytest.approx(1.0, abs=1e-3)
+    encoder = attention["encoder_self"][0]
+    assert len(encoder[0]) == cols and len(encoder[0][0]) == cols
+    decoder = attention["decoder_self"][0]
+    assert decoder[0][0][1:] == [0.0] * (rows - 1)  # causal: the first query sees itself only
+    assert attention["kinds"] == {"encoder_self": "ran", "decoder_self": "ran", "cross": "dot"}
+
+
+BAD = [
+    (b"{not json", 400, "invalid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (json.dumps({"txt": ["a"]}).encode(), 400, "unknown field"),
+    (json.dumps({"beam": 2}).encode(), 400, "missing field 'text'"),
+    (json.dumps({"text": "a b"}).encode(), 400, "list of strings"),
+    (json.dumps({"text": ["a", 3]}).encode(), 400, "list of strings"),
+    (json.dumps({"text": []}).encode(), 400, "empty"),
+    (json.dumps({"text": ["a"] * 11}).encode(), 413, "at most 10"),
+    (json.dumps({"text": ["a" * 201]}).encode(), 413, "201 characters"),
+    (json.dumps({"text": [" ".join("abcdefghijklmnop") * 2]}).encode(), 400, "limit of 23"),
+    (json.dumps({"text": ["a"], "beam": 0}).encode(), 400, "'beam' must be between 1 and 8"),
+    (json.dumps({"text": ["a"], "beam": 9}).encode(), 400, "'beam' must be between 1 and 8"),
+    (json.dumps({"text": ["a"], "beam": "4"}).encode(), 400, "'beam' must be an integer"),
+    (json.dumps({"text": ["a"], "beam": True}).encode(), 400, "'beam' must be an integer"),
+    (json.dumps({"text": ["a"], "beam": 2, "nbest": 3}).encode(), 400, "the beam size"),
+    (json.dumps({"text": ["a"], "model": "marian"}).encode(), 404, "unknown model 'marian'"),
+    (json.dumps({"text": ["a"], "model": 7}).encode(), 400, "'model' must be a string"),
+    (json.dumps({"text": ["a"], "attention": "yes"}).encode(), 400, "true or false"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD)
+def test_bad_input_is_refused_and_the_server_keeps_serving(client, body, status, message):
+    response = client.post("/translate", content=body,
+                           headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    assert message in response.json()["error"]
+    _good(client)
+
+
+def test_a_decoding_error_fails_its_request_only(client, translators, monkeypatch):
+    original = Translator.translate_ids
+
+    def broken(self, ids, *args, **kwargs):
+        if any(len(seq) == 7 for seq in ids):  # the poisoned request below
+            raise RuntimeError("simulated kernel failure")
+        return original(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_ids", broken)
+    response = client.post("/translate", json={"text": ["a b c d e f g"]})
+    assert response.status_code == 500
+    assert "simulated kernel failure" in response.json()["error"]
+    assert _good(client)["translations"][0]["text"] == translators["transf"].translate(
+        ["a b c"])[0]
+
+
+def test_concurrent_requests_are_batched_and_answered_in_order(client, translators):
+    expected = {s: t for s, t in zip(SENTENCES, translators["transf"].translate(SENTENCES))}
+    before = client.get("/health").json()
+
+    def ask(index: int):
+        lines = [SENTENCES[index % len(SENTENCES)], SENTENCES[(index * 3 + 1) % len(SENTENCES)]]
+        body = client.post("/translate", json={"text": lines}).json()
+        return lines, [entry["text"] for entry in body["translations"]]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(32)))
+    for lines, texts in answers:
+        assert texts == [expected[line] for line in lines]
+    after = client.get("/health").json()
+    requests = after["requests"] - before["requests"]
+    batches = after["batches"] - before["batches"]
+    assert requests == 32
+    assert batches < requests  # requests arriving together shared batches
+
+
+def test_page_and_script_are_served(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert '<script src="explorer.js">' in page.text and "http" not in page.text.split(
+        "<body>")[1].replace("http-equiv", "")  # nothing fetched from other hosts
+    script = client.get("/explorer.js")
+    assert script.status_code == 200 and "fetch(\"translate\"" in script.text
+    assert client.get("/explorer.css").status_code == 200
+
+
+def test_model_names():
+    assert model_names(["runs/transf/best", "ran=runs/x"]) == {"transf": "runs/transf/best",
+                                                               "ran": "runs/x"}
+    with pytest.raises(ValueError, match="two models"):
+        model_names(["a/run", "b/run"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):
+    port = _free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ranmt", "serve", "--checkpoint", str(runs["transf"]),
+         "--port", str(port), "--device", "cpu", "--batch-window-ms", "1500"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        result = {}
+
+        def ask():
+            request = urllib.request.Request(
+                f"{url}/translate", data=json.dumps({"text": ["a b c"]}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                result["status"] = response.status
+                result["body"] = json.loads(response.read())
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        time.sleep(0.5)  # the request now waits in its 1.5 s batch window: in flight
+        server.send_signal(signal.SIGTERM)
+        thread.join(30)
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert result["status"] == 200 and len(result["body"]["translations"]) == 1

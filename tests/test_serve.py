@@ -239,3 +239,48 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):
         if server.poll() is None:
             server.kill()
     assert result["status"] == 200 and len(result["body"]["translations"]) == 1
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Debian's chromium is not installed "
+                    "(.ci/run installs it)")
+def test_explorer_renders_heat_maps_in_headless_chromium(runs, tmp_path):
+    """The page, opened in headless Chromium with a sentence (?text=... submits the form),
+    renders both models' translations and non-blank heat maps; a screenshot is saved."""
+    import re
+    import urllib.parse
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ranmt", "serve", "--checkpoint", f"TransF={runs['transf']}",
+         "--checkpoint", f"RAN-ALL={runs['ran-all']}", "--port", str(port), "--device", "cpu"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/?text=" + urllib.parse.quote("a b c d e")
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                   "--disable-dev-shm-usage", "--virtual-time-budget=20000"]
+        dom = subprocess.run(browser + ["--dump-dom", url], capture_output=True, text=True,
+                             timeout=120).stdout
+        screenshot = tmp_path / "explorer.png"
+        subprocess.run(browser + [f"--screenshot={screenshot}", "--window-size=1600,2400", url],
+                       capture_output=True, timeout=120)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    assert 'data-state="rendered"' in dom
+    assert 'data-model="TransF"' in dom and 'data-model="RAN-ALL"' in dom
+    painted = [int(n) for n in re.findall(r'data-painted="(\d+)"', dom)]
+    # per model: cross, encoder self and decoder self maps, each with coloured cells
+    assert len(painted) == 6 and min(painted) > 0
+    assert screenshot.read_bytes().startswith(b"\x89PNG")

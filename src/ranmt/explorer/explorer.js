@@ -51,6 +51,7 @@ async function translate(event) {
     results.appendChild(ok ? modelColumn(name, body.translations[0])
                            : errorColumn(name, body.error || "request failed"));
   }
+  document.body.dataset.state = "rendered";
 }
 
 function errorColumn(name, message) {
@@ -153,6 +154,11 @@ function draw(canvas, weights, rowTokens, colTokens) {
     ctx.fillText(token, 0, 0);
     ctx.restore();
   });
+  // Painted (non-white) cells, for the headless browser test and anyone debugging a map.
+  const pixels = ctx.getImageData(LABEL, LABEL, cols * CELL, rows * CELL).data;
+  let painted = 0;
+  for (let p = 0; p < pixels.length; p += 4) if (pixels[p] < 250) painted++;
+  canvas.dataset.painted = painted;
   canvas.onmousemove = (event) => {
     const rect = canvas.getBoundingClientRect();
     const j = Math.floor((event.clientX - rect.left - LABEL) / CELL);
@@ -167,4 +173,11 @@ function draw(canvas, weights, rowTokens, colTokens) {
 }
 
 document.getElementById("form").addEventListener("submit", translate);
-loadModels();
+// ?text=... fills the box and submits it once the models are known (links, headless tests).
+loadModels().then(() => {
+  const text = new URLSearchParams(window.location.search).get("text");
+  if (text) {
+    document.getElementById("source").value = text;
+    document.getElementById("form").requestSubmit();
+  }
+});

@@ -1,15 +1,35 @@
-# Convenience targets; each is the plain command the README documents.
-.PHONY: install check test test-all
+# Two commands from a fresh clone:
+#   make demo   set up .venv, get and prepare Multi30k, train small TransF and RAN-ALL for a
+#               few minutes each (BUDGET=4m), evaluate both with significance, translate a
+#               sentence, serve both with the attention explorer (PORT=8080)
+#   make test   set up .venv, ruff, the test suite (what CI runs)
+# RANMT_DATA_DIR: a folder holding multi30k/*.gz (default ../shared/data; else downloaded).
+.PHONY: setup demo test test-all check
 
-install:
-	pip install torch==2.13.0
-	pip install -e ".[dev]"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+RANMT_DATA_DIR ?= $(abspath ../shared/data)
+export RANMT_DATA_DIR
 
-check:
-	ruff check .
+setup: $(VENV)/.installed
 
-test:
-	python -m pytest -q -m "not slow"
+# The CPU torch pin first: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q $(TORCH)
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $@
 
-test-all:
-	python -m pytest -q
+demo: setup
+	BIN=$(VENV)/bin bash scripts/demo.sh
+
+check: setup
+	$(VENV)/bin/ruff check .
+
+test: check
+	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-all: check
+	$(VENV)/bin/python -m pytest -q

@@ -1,0 +1,29 @@
+"""`make demo`'s script on a tiny budget: data, two trainings, evaluation with significance,
+a translation (serving is covered by tests/test_serve.py). Slow: about 2 minutes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_demo_script_on_a_tiny_budget(multi30k_dir, tmp_path):
+    env = dict(os.environ, BUDGET="15s", DEMO=str(tmp_path / "demo"), SERVE="0",
+               BIN=str(Path(sys.executable).parent), RANMT_DATA_DIR=str(multi30k_dir.parent))
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for arch in ("transf", "ran-all"):
+        hyps = (tmp_path / "demo" / f"{arch}.test_2016_flickr.hyp").read_text().splitlines()
+        assert len(hyps) == 1000
+        assert (tmp_path / "demo" / arch / "best" / "model.safetensors").is_file()
+    assert "paired bootstrap resampling against the baseline" in done.stdout
+    assert "== 4/5 one sentence" in done.stdout

@@ -1,6 +1,6 @@
 # Two commands from a fresh clone:
 #   make demo   set up .venv, get and prepare Multi30k, train small TransF and RAN-ALL for a
-#               few minutes each (BUDGET=4m), evaluate both with significance, translate a
+#               few minutes each (BUDGET=3m), evaluate both with significance, translate a
 #               sentence, serve both with the attention explorer (PORT=8080)
 #   make test   set up .venv, ruff, the test suite (what CI runs)
 # RANMT_DATA_DIR: a folder holding multi30k/*.gz (default ../shared/data; else downloaded).

@@ -7,11 +7,11 @@
 #   3. both evaluated on test_2016_flickr (BLEU, chrF, TER) with paired bootstrap significance;
 #   4. one sentence translated by both;
 #   5. `ranmt serve` on both, the attention explorer at http://127.0.0.1:$PORT/ (Ctrl-C stops).
-# Variables: BUDGET (train.max_time per model: 4m, 90s, 1h; default 4m), DEMO (output folder, default demo), PORT (8080),
+# Variables: BUDGET (train.max_time per model: 4m, 90s, 1h; default 3m), DEMO (output folder, default demo), PORT (8080),
 # SERVE=0 to stop after step 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUDGET="${BUDGET:-4m}"
+BUDGET="${BUDGET:-3m}"
 DEMO="${DEMO:-demo}"
 PORT="${PORT:-8080}"
 SERVE="${SERVE:-1}"

@@ -171,3 +171,18 @@ def test_translate_progress_bar_on_a_terminal_only(untrained_run, tmp_path, caps
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     main(argv)
     assert "sent/s" not in capsys.readouterr().err
+
+
+def test_prepare_progress_bar_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    from conftest import reverse_task, write_parallel
+
+    for name, count, seed in (("train", 300, 0), ("valid", 20, 1)):
+        write_parallel(tmp_path / name, *reverse_task(count, seed))
+    argv = ["prepare", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "train"),
+            "--valid", str(tmp_path / "valid"), "--vocab-size", "30"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    main(argv + ["--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert "encoding" in err and "320/320" in err
+    main(argv + ["--out", str(tmp_path / "b"), "--quiet"])
+    assert "encoding" not in capsys.readouterr().err

@@ -34,7 +34,8 @@ def _cmd_prepare(args) -> None:
     if args.max_positions < 2:
         raise ValueError("--max-positions must be at least 2")
     prepare(args.src, args.tgt, args.train, args.valid, args.out, tests, args.vocab_size,
-            not args.separate, args.model_type, args.max_positions, args.errors, log=_info)
+            not args.separate, args.model_type, args.max_positions, args.errors, log=_info,
+            progress=not args.quiet and sys.stderr.isatty())
 
 
 def _cmd_train(args) -> None:
@@ -177,7 +178,8 @@ def _cmd_analyze(args) -> None:
     if args.max_sentences < 0:
         raise ValueError("--max-sentences must be >= 0")
     analyze(args.checkpoint, args.data, args.split, args.out, args.max_sentences, args.beam,
-            args.device, log=_info, histogram_layers=args.layers)
+            args.device, log=_info, histogram_layers=args.layers,
+            progress=not args.quiet and sys.stderr.isatty())
 
 
 def _cmd_experiment(args) -> None:
@@ -334,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--errors", default="strict", choices=["strict", "replace"],
                    help="invalid UTF-8: fail (default) or replace")
     p.add_argument("--out", required=True, help="prepared-data directory")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (shown on stderr when it is a terminal)")
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("train", help="train a model")
@@ -384,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, nargs="+",
                    help="layers (1-based) drawn in the histograms (default: first, middle, last)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars (shown on stderr when it is a terminal)")
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")

@@ -23,12 +23,14 @@ the first such system (paper 004 Fig. 6).
 from __future__ import annotations
 
 import json
+import sys
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import torch
 from sacrebleu.metrics import BLEU
+from tqdm.auto import tqdm
 
 from ranmt.analysis.stats import argmax_distance, js_divergence, off_diagonality, row_entropy
 from ranmt.data.batching import batch_from_split, make_batches
@@ -107,8 +109,10 @@ class _Accumulator:
 
 
 @torch.no_grad()
-def collect_attention(model, split, count: int, max_tokens: int = 2000) -> dict:
-    """Attention statistics over the first ``count`` sentences of an encoded split."""
+def collect_attention(model, split, count: int, max_tokens: int = 2000,
+                      progress: bool = False) -> dict:
+    """Attention statistics over the first ``count`` sentences of an encoded split
+    (``progress``: a bar on stderr)."""
     model.eval()
     lengths = (np.array([len(s) for s in split.src[:count]]),
                np.array([len(t) for t in split.tgt[:count]]))
@@ -116,7 +120,11 @@ def collect_attention(model, split, count: int, max_tokens: int = 2000) -> dict:
     offdiag = np.zeros(count)
     device = next(model.parameters()).device
     limit = model.config.max_positions
-    for indices in make_batches(*lengths, max_tokens):
+    batches = make_batches(*lengths, max_tokens)
+    bar = tqdm(total=count, unit="sent", desc="attention", file=sys.stderr,
+               disable=not progress or len(batches) <= 1)
+    for indices in batches:
+        bar.update(len(indices))
         batch = batch_from_split(split, indices, limit).to(device)
         _, weights = model(batch.src, batch.tgt_in, need_weights=True)
         src_valid, tgt_valid = batch.src.ne(PAD_ID), batch.tgt_out.ne(PAD_ID)
@@ -140,6 +148,7 @@ def collect_attention(model, split, count: int, max_tokens: int = 2000) -> dict:
             if name == "decoder_self" and averaged:
                 mean = torch.stack(list(averaged.values())).mean(0)
                 offdiag[indices] = off_diagonality(mean, tgt_valid).cpu().numpy()
+    bar.close()
     layers = {"encoder_self": model.config.encoder.layers,
               "decoder_self": model.config.decoder.layers,
               "cross": model.config.decoder.layers}
@@ -177,8 +186,10 @@ def learned_matrices(model, size: int = 80) -> dict:
 
 def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
             out_dir: str | Path, max_sentences: int = 0, beam: int | None = None,
-            device: str = "auto", log=print, histogram_layers: list[int] | None = None) -> dict:
-    """Analyse one or more systems; write ``analysis.json`` and the PNG figures to ``out_dir``."""
+            device: str = "auto", log=print, histogram_layers: list[int] | None = None,
+            progress: bool = False) -> dict:
+    """Analyse one or more systems; write ``analysis.json`` and the PNG figures to ``out_dir``
+    (``progress``: bars on stderr for the attention pass and the translations)."""
     from ranmt.analysis.plots import write_figures
 
     out_dir = Path(out_dir)
@@ -196,7 +207,8 @@ def analyze(checkpoints: list[str | Path], data_dir: str | Path, split: str,
         if labels_seen[label] > 1:
             label = f"{label}#{labels_seen[label]}"
         log(f"analysing {label} ({translator.checkpoint_dir}) on {count} sentences of {split}")
-        stats = collect_attention(translator.model, encoded, count)
+        translator.progress = progress
+        stats = collect_attention(translator.model, encoded, count, progress=progress)
         hyps = translator.translate(sources[:count])
         system = {"label": label, "checkpoint": str(translator.checkpoint_dir),
                   "arch": cfg.model.arch, "beam": translator.decode_config.beam,

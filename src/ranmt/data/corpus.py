@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors.torch import load_file
+from tqdm.auto import tqdm
 
 from ranmt.data.text import read_lines, write_lines
 from ranmt.data.vocab import Vocab, train_sentencepiece
@@ -142,8 +144,9 @@ def raw_text(data_dir: str | Path, split: str, side: str) -> list[str]:
 def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
             tests: dict[str, str] | None = None, vocab_size: int = 8000, joint: bool = True,
             model_type: str = "bpe", max_positions: int = 256, errors: str = "strict",
-            log=print) -> dict:
-    """Train SentencePiece, encode every split, write a prepared-data directory; return meta."""
+            log=print, progress: bool = False) -> dict:
+    """Train SentencePiece, encode every split, write a prepared-data directory; return meta
+    (``progress``: a bar over the sentences encoded, on stderr)."""
     out = Path(out)
     if src == tgt:
         raise PrepareError("source and target languages must differ")
@@ -163,7 +166,8 @@ def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
     tmp.mkdir(parents=True)
     try:
         meta = _prepare_into(tmp, src, tgt, train_src, train_tgt, valid, tests, vocab_size,
-                             joint, model_type, max_positions, errors, empty, log)
+                             joint, model_type, max_positions, errors, empty, log,
+                             progress)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # leave no partial output behind
         raise
@@ -175,7 +179,7 @@ def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
 
 
 def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab_size, joint,
-                  model_type, max_positions, errors, empty, log) -> dict:
+                  model_type, max_positions, errors, empty, log, progress=False) -> dict:
     """The body of :func:`prepare`, writing into the temporary directory ``tmp``."""
     if joint:
         train_sentencepiece(train_src + train_tgt, tmp / "spm.src.model", vocab_size, model_type)
@@ -197,8 +201,11 @@ def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab
                   "model_type": model_type, "vocab_size_requested": vocab_size,
                   "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
                   "max_positions": max_positions, "dropped_empty": empty, "splits": {}}
+    bar = tqdm(total=sum(len(pair[0]) for pair in splits.values()), unit="sent",
+               desc="encoding", file=sys.stderr, disable=not progress)
     for name, (src_lines, tgt_lines) in splits.items():
         src_ids, tgt_ids = src_vocab.encode(src_lines), tgt_vocab.encode(tgt_lines)
+        bar.update(len(src_lines))
         too_long = 0
         if name == "train":
             # +1: the EOS appended to each side must fit into max_positions as well.
@@ -223,6 +230,7 @@ def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab
                                 "src_max_len": max((len(s) for s in src_ids), default=0),
                                 "tgt_max_len": max((len(t) for t in tgt_ids), default=0)}
         log(f"{name}: {len(src_ids)} pairs, mean length {src_mean:.1f} -> {tgt_mean:.1f}")
+    bar.close()
     train_meta = meta["splits"]["train"]
     meta["gamma"] = train_meta["src_mean_len"] / max(train_meta["tgt_mean_len"], 1e-9)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")

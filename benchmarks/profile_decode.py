@@ -87,7 +87,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--reference", action="store_true",
+                        help="profile the reference searches with PyTorch's default matrix "
+                             "products (the decoder before the fast path), for before/after")
     args = parser.parse_args(argv)
+    if args.reference:
+        from ranmt import packed
+
+        packed.set_enabled(False)
     encoded = load_split(args.data, args.split)
     sources = [list(map(int, s)) for s in encoded.src[:args.sentences]]
     lengths = np.array([len(s) for s in sources])
@@ -101,13 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         name = f"{cfg.model.arch}:{checkpoint}"
         with torch.inference_mode():
             for src in batches:  # warm-up (RAN's inference matrices, allocator)
-                search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+                search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1, reference=args.reference)
             tokens = 0  # generated target tokens incl. EOS (the systems' lengths differ)
             start = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for src in batches:
                     with record_function("beam_search"):
-                        hyps = search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1)
+                        hyps = search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1,
+                                      reference=args.reference)
                     tokens += sum(len(h[0][0]) + 1 for h in hyps)
             seconds = time.perf_counter() - start
         events = prof.key_averages()

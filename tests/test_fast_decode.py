@@ -100,21 +100,26 @@ def test_fixed_length_beyond_the_model_is_an_error():
 
 
 def test_static_cache_append_and_reorder():
-    """cache_append writes in place up to the capacity; reorder_cache gathers the filled
-    steps only and swaps to the spare buffer; both match the concatenating cache."""
+    """cache_append and reorder_cache on a static cache give the concatenating cache's
+    histories, always contiguous and always inside the two buffers allocated at the first
+    step (no allocation afterwards); a step beyond the capacity is an error."""
     torch.manual_seed(0)
     static, growing = {"capacity": 5, "step": 0}, {"step": 0}
-    steps = [torch.randn(3, 2, 1, 4) for _ in range(4)]
-    orders = [torch.tensor([2, 0, 0]), torch.tensor([1, 2, 0]), torch.tensor([0, 0])]
+    steps = [torch.randn(3, 2, 1, 4) for _ in range(5)]
+    orders = {0: torch.tensor([2, 0, 0]), 2: torch.tensor([1, 2, 0]), 3: torch.tensor([0, 0])}
     for step, values in enumerate(steps):
         static["step"] = growing["step"] = step
-        out_static = cache_append(static, "v", values[: static.get("v", values).shape[0]])
-        out_growing = cache_append(growing, "v", values[: growing.get("v", values).shape[0]])
-        assert torch.equal(out_static, out_growing)
-        assert static["v"].shape[2] == 5  # the buffer keeps its capacity
-        if step < len(orders):
+        rows = growing["v"].shape[0] if "v" in growing else 3
+        out_static = cache_append(static, "v", values[:rows])
+        out_growing = cache_append(growing, "v", values[:rows])
+        assert torch.equal(out_static, out_growing) and out_static.is_contiguous()
+        buffers = static["buffers"]["v"]
+        assert any(b.data_ptr() <= out_static.data_ptr() < b.data_ptr() + b.numel() * 4
+                   for b in buffers)
+        if step in orders:
             reorder_cache(static, orders[step])
             reorder_cache(growing, orders[step])
+            assert static["buffers"]["v"] is buffers  # gathered into the other buffer
     with pytest.raises(ValueError, match="capacity"):
         static["step"] = 5
         cache_append(static, "v", torch.randn(2, 2, 1, 4))

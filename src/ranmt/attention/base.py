@@ -24,6 +24,7 @@ the variant is:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,9 +95,9 @@ class Attention(nn.Module):
 def reorder_cache(cache: dict, order: Tensor) -> None:
     """Select batch entries ``order`` (1-D long) of every tensor in an attention cache.
 
-    Static buffers (see :func:`cache_append`) are gathered over their filled steps only, into
-    a spare buffer of the same capacity kept in the cache (two buffers per history, swapped:
-    no allocation and no copy of the unused capacity per step).
+    A static history (see :func:`cache_append`) is gathered into the other of its two
+    preallocated buffers, laid out contiguously with room for the next step: one copy per
+    reorder, no allocation, and the next step's history is contiguous again.
     """
     static = cache.get("static", {})
     for key, value in list(cache.items()):
@@ -106,22 +107,30 @@ def reorder_cache(cache: dict, order: Tensor) -> None:
             cache[key] = value.index_select(0, order)
             continue
         filled = static[key]
-        spare = cache["spare"].get(key)
-        if spare is None or spare.shape[0] < order.numel():
-            spare = value.new_empty((order.numel(),) + tuple(value.shape[1:]))
-        target = spare[: order.numel()]
+        rows, heads, _, dim = value.shape
+        room = min(filled + 1, cache["capacity"])
+        target = _spare_view(cache, key, value, (order.numel(), heads, room, dim))
         torch.index_select(value[:, :, :filled], 0, order, out=target[:, :, :filled])
-        cache["spare"][key] = value
         cache[key] = target
+
+
+def _spare_view(cache: dict, name: str, current: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A contiguous tensor of ``shape`` in the buffer of ``name`` that ``current`` is not in."""
+    first, second = cache["buffers"][name]
+    spare = second if current.data_ptr() == first.data_ptr() else first
+    return spare[: math.prod(shape)].view(shape)
 
 
 def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
     """Append this step's ``step_values`` (B, H, 1, d) to the history ``cache[name]`` and
-    return the whole history (B, H, t+1, d), t = ``cache["step"]``.
+    return the whole history (B, H, t+1, d), contiguous, t = ``cache["step"]``.
 
-    Without ``cache["capacity"]`` the history grows by concatenation. With it, a buffer
-    (B, H, capacity, d) is allocated at the first step and written in place; the returned
-    history is a view of its first t+1 steps.
+    Without ``cache["capacity"]`` the history grows by concatenation (the reference). With
+    it, two flat buffers of B x H x capacity x d are allocated at the first step and the
+    history always lives, contiguous, in one of them: a step writes in place where the
+    last reorder left room (beam search: every step), else the history moves to the other
+    buffer with one more step (greedy search between reorders; one copy, as with
+    concatenation, but no allocation).
     """
     capacity = cache.get("capacity")
     if capacity is None:
@@ -133,16 +142,23 @@ def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
     end = step + step_values.shape[2]
     if end > capacity:
         raise ValueError(f"decoder step {end} exceeds the cache capacity {capacity}")
-    buffer = cache.get(name)
-    if buffer is None:
-        batch, heads, _, dim = step_values.shape
-        buffer = step_values.new_empty(batch, heads, capacity, dim)
-        cache[name] = buffer
+    batch, heads, _, dim = step_values.shape
+    current = cache.get(name)
+    if current is None:
+        size = batch * heads * capacity * dim
+        cache.setdefault("buffers", {})[name] = (step_values.new_empty(size),
+                                                 step_values.new_empty(size))
         cache.setdefault("static", {})
-        cache.setdefault("spare", {})
-    buffer[:, :, step:end] = step_values
+        current = cache["buffers"][name][0][: batch * heads * end * dim].view(
+            batch, heads, end, dim)
+    elif current.shape[2] < end:
+        grown = _spare_view(cache, name, current, (batch, heads, end, dim))
+        grown[:, :, :step] = current[:, :, :step]
+        current = grown
+    current[:, :, step:end] = step_values
+    cache[name] = current
     cache["static"][name] = end
-    return buffer[:, :, :end]
+    return current if current.shape[2] == end else current[:, :, :end]
 
 
 def append_values(cache: dict, values: Tensor) -> Tensor:

@@ -111,8 +111,11 @@ class DotProductAttention(Attention):
         else:
             q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
             k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
+        # Decoding steps of the fast path (a cache with a capacity): a few queries per row,
+        # where explicit products beat the fused kernel's per-call overhead (~6% of a step).
+        few_queries = cache is not None and cache.get("capacity") is not None
         if self.is_cross and k.shape[0] != q.shape[0]:
-            return self._grouped(q, k, v, key_padding_mask, need_weights, state)
+            return self._grouped(q, k, v, key_padding_mask, need_weights, state, few_queries)
         q_len, k_len = q.shape[2], k.shape[2]
         # In incremental self-attention the single query sits at the last key position,
         # so causality is automatic; in full passes the mask is built from positions.
@@ -128,13 +131,15 @@ class DotProductAttention(Attention):
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
             context = F.dropout(weights, dropout_p, self.training) @ v
+        elif few_queries and not self.training:
+            context = _explicit_attention(q, k, v, allowed)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
                                                      dropout_p=dropout_p)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, state)
 
     def _grouped(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None,
-                 need_weights: bool, state) -> AttnOutput:
+                 need_weights: bool, state, few_queries: bool = False) -> AttnOutput:
         """Cross-attention of B = n * g query rows (g per sentence, one step: T = 1) against
         keys/values of the n sentences (n, H, S, d_h): the g queries of a sentence become
         the query length of one attention call."""
@@ -151,7 +156,18 @@ class DotProductAttention(Attention):
             weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
             context = weights @ v
             weights = weights.transpose(1, 2).reshape(rows, heads, 1, -1)  # (B, H, 1, S)
+        elif few_queries:
+            context = _explicit_attention(q, k, v, allowed)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
         return AttnOutput(self.out_proj(context), weights, state)
+
+
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_h)) v with ``allowed`` (True = may attend) for a few queries:
+    q (B, H, T, d_h), k/v (B, H, S, d_h) -> (B, H, T, d_h)."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

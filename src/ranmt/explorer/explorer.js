@@ -9,7 +9,7 @@ const COMPONENTS = [
 ];
 const INPUT_AGNOSTIC = new Set(["ran", "synthesizer", "gaussian"]);
 const CELL = 22;       // pixels per cell
-const LABEL = 90;      // pixels for the token labels
+const LABEL = 115;     // pixels for the token labels
 
 const tooltip = document.getElementById("tooltip");
 

@@ -453,7 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="source tokens per dynamic batch")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("export", help="export a TransF checkpoint (Hugging Face Marian)")
+    p = sub.add_parser("export", help="export a TransF checkpoint to CTranslate2 or Hugging Face "
+                                      "Marian (identical logits)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--format", default="hf-marian", choices=["hf-marian", "ctranslate2"],
                    help="hf-marian (post-norm TransF only) or ctranslate2 (any TransF)")

@@ -133,6 +133,7 @@ BAD = [
     (json.dumps({"text": ["a"], "model": "marian"}).encode(), 404, "unknown model 'marian'"),
     (json.dumps({"text": ["a"], "model": 7}).encode(), 400, "'model' must be a string"),
     (json.dumps({"text": ["a"], "attention": "yes"}).encode(), 400, "true or false"),
+    (b'{"text": ["' + b"a" * 20000 + b'"]}', 413, "request body of"),
 ]
 
 

@@ -80,8 +80,18 @@ class TranslateRequest:
     attention: bool = False
 
 
+def max_body_bytes(limits: ServeLimits) -> int:
+    """The largest body a valid request can have (4 bytes per character of UTF-8, JSON
+    escaping of every character, room for the other fields)."""
+    return limits.max_lines * (limits.max_chars * 6 + 16) + 4096
+
+
 def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
     """Validate a ``/translate`` body field by field; :class:`RequestError` (400) otherwise."""
+    if len(body) > max_body_bytes(limits):
+        raise RequestError(413, f"request body of {len(body)} bytes; at most "
+                                f"{max_body_bytes(limits)} for {limits.max_lines} lines of "
+                                f"{limits.max_chars} characters")
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -307,6 +317,10 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
 
     @app.post("/translate")
     async def translate(request: Request):
+        declared = request.headers.get("content-length", "0")
+        if declared.isdigit() and int(declared) > max_body_bytes(limits):
+            raise RequestError(413, f"request body of {declared} bytes; at most "
+                                    f"{max_body_bytes(limits)}")
         parsed = parse_request(await request.body(), limits)
         name = parsed.model or default_model
         if name not in translators:

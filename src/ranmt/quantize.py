@@ -1,7 +1,8 @@
 """Post-training int8 quantization for CPU inference (``--quantize int8``).
 
 Dynamic quantization (PyTorch's ``quantize_dynamic``): the weights of every linear layer
-(attention projections, feed-forward, output projection) are stored as int8 with one scale
+(attention projections, feed-forward, output projection; the decoder's fused QKV and KV
+products of dot-product attention as one layer each) are stored as int8 with one scale
 per tensor; activations are quantized on the fly per batch, the products run in int8 and
 are accumulated in int32. Embeddings, layer norms, attention weights (RAN's learned
 matrices included) and the softmax stay float32, so every registry variant quantizes the
@@ -45,6 +46,11 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
         with torch.no_grad():
             output.weight.copy_(weight)
         decoder.output = output
+    from ranmt.attention.dot_product import DotProductAttention
+
+    for module in list(model.modules()):  # fused QKV / KV products, quantized as one each
+        if isinstance(module, DotProductAttention):
+            module.fuse_for_quantization()
     plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

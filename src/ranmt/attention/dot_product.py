@@ -69,8 +69,26 @@ class DotProductAttention(Attention):
             self._fused_cache[name] = cached
         return cached[1], cached[2]
 
+    def fuse_for_quantization(self) -> None:
+        """Give the decoding products their own fused linear modules (``qkv``: W_q, W_k, W_v;
+        ``kv``: W_k, W_v), so that int8 quantization turns each into one int8 product.
+        For inference-only copies of a model (``ranmt.quantize``); never saved."""
+        d = self.q_proj.in_features
+        self.fused = nn.ModuleDict()
+        wanted = ([("kv", (self.k_proj, self.v_proj))] if self.is_cross
+                  else [("qkv", (self.q_proj, self.k_proj, self.v_proj))])
+        for name, parts in wanted:
+            linear = nn.Linear(d, d * len(parts))
+            with torch.no_grad():
+                linear.weight.copy_(torch.cat([p.weight for p in parts]))
+                linear.bias.copy_(torch.cat([p.bias for p in parts]))
+            self.fused[name] = linear
+
     def _project(self, x: Tensor, name: str, projections: tuple[nn.Module, ...]) -> list[Tensor]:
         """``[p(x) for p in projections]`` as one matrix product where possible."""
+        modules = self._modules.get("fused")
+        if modules is not None and name in modules:
+            return list(modules[name](x).chunk(len(projections), dim=-1))
         fused = self._fused(name, projections)
         if fused is None:
             return [p(x) for p in projections]

@@ -17,10 +17,15 @@ async function loadModels() {
   const response = await fetch("models");
   const info = await response.json();
   const box = document.getElementById("models");
-  for (const model of info.models) {
+  for (const model of info.models) {  // built node by node: names never become markup
     const label = document.createElement("label");
-    label.innerHTML = `<input type="checkbox" checked value="${model.name}"> ${model.name}`
-      + ` <small>(${model.arch})</small>`;
+    const box_ = document.createElement("input");
+    box_.type = "checkbox";
+    box_.checked = true;
+    box_.value = model.name;
+    const arch = document.createElement("small");
+    arch.textContent = ` (${model.arch})`;
+    label.append(box_, ` ${model.name}`, arch);
     box.appendChild(label);
   }
 }

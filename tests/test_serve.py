@@ -5,7 +5,6 @@ decoding error that fails only its batch, SIGTERM with a request in flight, the 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -205,21 +204,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):
+def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
+    """``ranmt serve ARGS`` on a free loopback port, once it answers /health:
+    (process, base URL)."""
     port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "ranmt", "serve", "--checkpoint", str(runs["transf"]),
-         "--port", str(port), "--device", "cpu", "--batch-window-ms", "1500"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    server = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port", str(port),
+                               "--device", "cpu", *args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server, url
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):
+    server, url = _start_server("--checkpoint", str(runs["transf"]), "--batch-window-ms", "1500")
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         result = {}
 
         def ask():
@@ -256,19 +260,10 @@ def test_explorer_renders_heat_maps_in_headless_chromium(runs, tmp_path):
     import re
     import urllib.parse
 
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "ranmt", "serve", "--checkpoint", f"TransF={runs['transf']}",
-         "--checkpoint", f"RAN-ALL={runs['ran-all']}", "--port", str(port), "--device", "cpu"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/?text=" + urllib.parse.quote("a b c d e")
+    server, base = _start_server("--checkpoint", f"TransF={runs['transf']}",
+                                 "--checkpoint", f"RAN-ALL={runs['ran-all']}")
+    url = f"{base}/?text=" + urllib.parse.quote("a b c d e")
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
                    "--disable-dev-shm-usage", "--virtual-time-budget=20000"]
         dom = subprocess.run(browser + ["--dump-dom", url], capture_output=True, text=True,

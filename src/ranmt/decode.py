@@ -375,15 +375,16 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         top_beams = torch.div(top_ids, width, rounding_mode="floor")
         top_tokens = row_tokens.view(n_active, beam * width).gather(1, top_ids)
 
-        finished_before = finished.counts[active]
-        ends, extends, slots = _select_candidates(top_scores, top_tokens, finished_before, beam)
+        counts = finished.counts[active]  # (n,) finished hypotheses before this step
+        ends, extends, slots = _select_candidates(top_scores, top_tokens, counts, beam)
         if bool(ends.any()):
             rows, cols = ends.nonzero(as_tuple=True)
             penalty = length_penalty(step + 1, lenpen, lenpen_style)
             finished.add(active[rows], slots[rows, cols], top_scores[rows, cols] / penalty,
                          history[rows * beam + top_beams[rows, cols], :step])
-            finished.counts[active] += ends.sum(1)
-        keep = (finished.counts[active] < beam) & extends.any(1)
+            counts = counts + ends.sum(1)
+            finished.counts[active] = counts
+        keep = (counts < beam) & extends.any(1)
         if not bool(keep.any()):
             break
         picked, next_scores = _next_beams(extends, top_scores, beam)

@@ -86,12 +86,17 @@ def max_body_bytes(limits: ServeLimits) -> int:
     return limits.max_lines * (limits.max_chars * 6 + 16) + 4096
 
 
-def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
-    """Validate a ``/translate`` body field by field; :class:`RequestError` (400) otherwise."""
-    if len(body) > max_body_bytes(limits):
-        raise RequestError(413, f"request body of {len(body)} bytes; at most "
+def check_body_size(size: int, limits: ServeLimits) -> None:
+    """:class:`RequestError` (413) for a body larger than any valid request."""
+    if size > max_body_bytes(limits):
+        raise RequestError(413, f"request body of {size} bytes; at most "
                                 f"{max_body_bytes(limits)} for {limits.max_lines} lines of "
                                 f"{limits.max_chars} characters")
+
+
+def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
+    """Validate a ``/translate`` body field by field; :class:`RequestError` (400) otherwise."""
+    check_body_size(len(body), limits)
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -318,9 +323,8 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     @app.post("/translate")
     async def translate(request: Request):
         declared = request.headers.get("content-length", "0")
-        if declared.isdigit() and int(declared) > max_body_bytes(limits):
-            raise RequestError(413, f"request body of {declared} bytes; at most "
-                                    f"{max_body_bytes(limits)}")
+        if declared.isdigit():  # refused before the body is read
+            check_body_size(int(declared), limits)
         parsed = parse_request(await request.body(), limits)
         name = parsed.model or default_model
         if name not in translators:

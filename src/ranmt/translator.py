@@ -79,9 +79,6 @@ class Translator:
         """The translate policy for inputs beyond ``model.max_positions``: an
         :class:`InputTooLongError` naming the line, or (``truncate_long``) a cut with a
         warning. Returns the (possibly cut) token ids."""
-        return self._check_lengths(ids, first_line)
-
-    def _check_lengths(self, ids: list[list[int]], first_line: int) -> list[list[int]]:
         limit = self.config.model.max_positions - 1  # room for EOS
         out = []
         for offset, seq in enumerate(ids):
@@ -103,7 +100,7 @@ class Translator:
         """Token ids in -> per input its n-best ``(target ids, score)``, input order.
 
         ``decode_overrides`` (e.g. ``beam=2, nbest=2``) apply to this call only."""
-        ids = self._check_lengths(ids, first_line)
+        ids = self.check_lengths(ids, first_line)
         d = dataclasses.replace(self.decode_config, **decode_overrides)
         results: list = [None] * len(ids)
         nonempty = [i for i, seq in enumerate(ids) if len(seq) > 0]

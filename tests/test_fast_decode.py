@@ -147,3 +147,23 @@ def test_fast_equals_reference_with_a_wide_vocabulary(arch):
     for beam in (2, 4):
         args = dict(beam=beam, lenpen=0.6, max_len_a=1.2, max_len_b=4, nbest=beam)
         _same(beam_search(model, src, **args), beam_search_reference(model, src, **args))
+
+
+@pytest.mark.parametrize("self_attention", ["dot", "ran"])
+def test_fast_decoder_step_traces_as_one_graph(self_attention):
+    """The fast decoder's step (after the first, which allocates the caches, and after a
+    reorder into the other buffer) traces into one graph without breaks: what
+    benchmarks/compile_decode.py needs to compile it (no pointer comparisons, no integer
+    indexing by the step)."""
+    model = _model(self_attention, "dot", 0).eval()
+    src, _ = random_batch(batch=3, src_len=7, seed=0)
+    with torch.inference_mode():
+        memory, pad_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, pad_mask, group=2, capacity=6)
+        prev = torch.full((6, 1), 1, dtype=torch.long)
+        model.decode_step(prev, cache)
+        model.reorder_cache(cache, torch.tensor([1, 0, 2, 3, 5, 4]))
+        explained = torch._dynamo.explain(model.decode_step)(prev, cache)
+    torch._dynamo.reset()
+    assert explained.graph_count == 1
+    assert explained.graph_break_count == 0

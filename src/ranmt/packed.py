@@ -52,7 +52,8 @@ def inference_linear(x: Tensor, weight: Tensor, bias: Tensor | None, cache: dict
                      name: str) -> Tensor:
     """``F.linear(x, weight, bias)``: x (..., in) -> (..., out); through oneDNN with the
     weight packed once (kept in ``cache[name]``) where that applies."""
-    if not _applies(x, weight):
+    if torch.compiler.is_compiling() or not _applies(x, weight):
+        # Under torch.compile the compiler packs frozen weights for oneDNN itself.
         return F.linear(x, weight, bias)
     # The same tensor, storage and version (inference tensors have none: they cannot change
     # outside inference mode, and the callers make new ones rather than write into them).

@@ -109,16 +109,18 @@ def reorder_cache(cache: dict, order: Tensor) -> None:
         filled = static[key]
         rows, heads, _, dim = value.shape
         room = min(filled + 1, cache["capacity"])
-        target = _spare_view(cache, key, value, (order.numel(), heads, room, dim))
+        target = _spare_view(cache, key, (order.numel(), heads, room, dim))
         torch.index_select(value[:, :, :filled], 0, order, out=target[:, :, :filled])
         cache[key] = target
 
 
-def _spare_view(cache: dict, name: str, current: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """A contiguous tensor of ``shape`` in the buffer of ``name`` that ``current`` is not in."""
-    first, second = cache["buffers"][name]
-    spare = second if current.data_ptr() == first.data_ptr() else first
-    return spare[: math.prod(shape)].view(shape)
+def _spare_view(cache: dict, name: str, shape: tuple[int, ...]) -> Tensor:
+    """A contiguous tensor of ``shape`` in the buffer of ``name`` that does not hold its
+    history now (``cache["in_buffer"][name]``, an index, not a pointer comparison, so that
+    a compiled decoder step traces it); that buffer holds the history from now on."""
+    in_use = cache["in_buffer"][name]
+    cache["in_buffer"][name] = 1 - in_use
+    return cache["buffers"][name][1 - in_use][: math.prod(shape)].view(shape)
 
 
 def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
@@ -149,10 +151,11 @@ def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
         cache.setdefault("buffers", {})[name] = (step_values.new_empty(size),
                                                  step_values.new_empty(size))
         cache.setdefault("static", {})
+        cache.setdefault("in_buffer", {})[name] = 0  # which of the two holds the history
         current = cache["buffers"][name][0][: batch * heads * end * dim].view(
             batch, heads, end, dim)
     elif current.shape[2] < end:
-        grown = _spare_view(cache, name, current, (batch, heads, end, dim))
+        grown = _spare_view(cache, name, (batch, heads, end, dim))
         grown[:, :, :step] = current[:, :, :step]
         current = grown
     current[:, :, step:end] = step_values

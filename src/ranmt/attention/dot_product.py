@@ -59,6 +59,9 @@ class DotProductAttention(Attention):
         (e.g. int8-quantized: then each is applied on its own)."""
         if not all(isinstance(p, nn.Linear) for p in projections):
             return None
+        if torch.compiler.is_compiling():  # traced: the compiler folds the constant cat
+            return (torch.cat([p.weight for p in projections]),
+                    torch.cat([p.bias for p in projections]))
         key = tuple((p.weight.data_ptr(), p.weight._version, p.bias._version) for p in projections)
         cached = self._fused_cache.get(name)
         if cached is None or cached[0] != key:

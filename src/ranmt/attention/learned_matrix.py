@@ -53,6 +53,8 @@ class VersionedCache:
         self.value = None
 
     def get(self, params: list[Tensor], compute: Callable[[], object]):
+        if torch.compiler.is_compiling():  # traced: the compiler folds it into constants
+            return compute()
         key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
         if key != self.key:
             with torch.no_grad():
@@ -143,11 +145,13 @@ class LearnedMatrixAttention(Attention):
         step = cache["step"]
         self._check_length(step + 1)
         values = append_values(cache, values)  # (B, H, t+1, d_h): values only
-        probs = self.inference_causal_probs()[:, step, : step + 1].to(values.dtype)  # (H, t+1)
+        # Row t as a narrow, not an integer index: a compiled step keeps t symbolic.
+        probs = self.inference_causal_probs().narrow(1, step, 1)[:, :, : step + 1]  # (H, 1, t+1)
+        probs = probs.to(values.dtype)
         # (1, H, 1, t+1) @ (B, H, t+1, d_h): a broadcast matmul reads the cache in place
         # (an einsum here permuted, i.e. copied, the whole value cache every step).
-        context = probs[None, :, None, :] @ values  # (B, H, 1, d_h)
+        context = probs[None] @ values  # (B, H, 1, d_h)
         weights = None
         if need_weights:
-            weights = probs[None, :, None].expand(values.shape[0], -1, -1, -1)
+            weights = probs[None].expand(values.shape[0], -1, -1, -1)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, None)

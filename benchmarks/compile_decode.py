@@ -8,7 +8,10 @@ it for trained checkpoints or freshly initialised models of ``--arch``:
 * ``compiled``: the same search with ``model.decode_step`` replaced by
   ``torch.compile(decode_step, dynamic=True)``; with the inductor backend, ``freezing`` lets
   the compiler treat the weights as constants (its own oneDNN packing, folded
-  concatenations of the fused projections). The beam bookkeeping stays eager.
+  concatenations of the fused projections). The beam bookkeeping stays eager. Input-
+  agnostic matrices (RAN's A_l, Syn-R's) enter the compiled step as constants from the
+  eager pass before it: computed inside the compiled step by inductor (torch 2.13, CPU),
+  RAN-ALL's outputs differed from eager ones (265 of 300 identical; ``aot_eager``: all).
 
 It prints the one-off compile time (the first compiled pass, recompilations included),
 the tokens/s of both (best of ``--repeats`` passes after it) and their ratio, and whether

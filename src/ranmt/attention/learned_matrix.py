@@ -53,8 +53,8 @@ class VersionedCache:
         self.value = None
 
     def get(self, params: list[Tensor], compute: Callable[[], object]):
-        if torch.compiler.is_compiling():  # traced: the compiler folds it into constants
-            return compute()
+        if torch.compiler.is_compiling():  # traced: the eager value as a constant
+            return self.value if self.value is not None else compute()
         key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
         if key != self.key:
             with torch.no_grad():

@@ -22,25 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
+from ranmt.serve import launch_server
 from ranmt.translator import Translator
 
 MODES = {"dynamic": [], "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _post(url: str, payload: dict, timeout: float = 120) -> dict:
@@ -51,19 +43,9 @@ def _post(url: str, payload: dict, timeout: float = 120) -> dict:
 
 
 def run_mode(args, mode: str, sentences: list[str], expected: dict[str, str]) -> dict:
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "ranmt", "serve", "--checkpoint", args.checkpoint, "--port",
-         str(port), "--device", "cpu", "--max-lines", "1"] + MODES[mode],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"  # loopback only
+    server, base = launch_server(["--checkpoint", args.checkpoint, "--device", "cpu",
+                                  "--max-lines", "1"] + MODES[mode], wait_s=60)
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         latencies: list[float] = []
         failures = {"lost": 0, "mismatched": 0}
         lock = threading.Lock()

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,7 +23,7 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serve import ServeLimits, create_app, model_names  # noqa: E402
+from ranmt.serve import ServeLimits, create_app, launch_server, model_names  # noqa: E402
 from ranmt.translator import Translator  # noqa: E402
 
 SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]
@@ -198,27 +196,9 @@ def test_model_names():
         model_names(["a/run", "b/run"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    """``ranmt serve ARGS`` on a free loopback port, once it answers /health:
-    (process, base URL)."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port", str(port),
-                               "--device", "cpu", *args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    return server, url
+    """``ranmt serve ARGS`` on the CPU and a free loopback port, once it answers /health."""
+    return launch_server(["--device", "cpu", *args])
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):

@@ -29,6 +29,11 @@ import concurrent.futures
 import contextlib
 import json
 import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,6 +380,26 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
 
 def _finite(score: float) -> float | None:
     return score if score == score and abs(score) != float("inf") else None
+
+
+def launch_server(args: list[str], wait_s: float = 20.0) -> tuple[subprocess.Popen, str]:
+    """Start ``ranmt serve ARGS`` in a child process on a free loopback port and wait (up to
+    ``wait_s``) until it answers ``GET /health``. Returns (process, base URL); the caller
+    stops the process. For tests, load benchmarks and scripts that drive a real server."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port", str(port),
+                                *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return process, url
 
 
 def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,

@@ -25,6 +25,7 @@ the variant is:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,24 @@ class Attention(nn.Module):
         need_weights: bool = False,
     ) -> AttnOutput:
         raise NotImplementedError
+
+
+class VersionedCache:
+    """Caches ``compute()`` until one of ``params`` is modified, moved or replaced."""
+
+    def __init__(self):
+        self.key = None
+        self.value = None
+
+    def get(self, params: list[Tensor], compute: Callable[[], object]):
+        if torch.compiler.is_compiling():  # traced: the eager value as a constant
+            return self.value if self.value is not None else compute()
+        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
+        if key != self.key:
+            with torch.no_grad():
+                self.value = compute()
+            self.key = key
+        return self.value
 
 
 def reorder_cache(cache: dict, order: Tensor) -> None:

@@ -25,6 +25,7 @@ from ranmt.attention.base import (
     Attention,
     AttentionSpec,
     AttnOutput,
+    VersionedCache,
     build_mask,
     cache_append,
     merge_heads,
@@ -50,8 +51,10 @@ class DotProductAttention(Attention):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
-        # Fused projection weights for decoding (not parameters, not in the state dict).
-        self._fused_cache: dict[str, tuple] = {}
+        # Fused projection weights for decoding (not parameters, not in the state dict), and
+        # their oneDNN-packed copies (``ranmt.packed``).
+        self._fused_weights: dict[str, VersionedCache] = {}
+        self._packed_fused: dict[str, tuple] = {}
 
     def _fused(self, name: str, projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor] | None:
         """Concatenated (weight, bias) of float ``projections`` for one fused product in
@@ -59,18 +62,10 @@ class DotProductAttention(Attention):
         (e.g. int8-quantized: then each is applied on its own)."""
         if not all(isinstance(p, nn.Linear) for p in projections):
             return None
-        if torch.compiler.is_compiling():  # traced: the compiler folds the constant cat
-            return (torch.cat([p.weight for p in projections]),
-                    torch.cat([p.bias for p in projections]))
-        key = tuple((p.weight.data_ptr(), p.weight._version, p.bias._version) for p in projections)
-        cached = self._fused_cache.get(name)
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                weight = torch.cat([p.weight for p in projections])
-                bias = torch.cat([p.bias for p in projections])
-            cached = (key, weight, bias)
-            self._fused_cache[name] = cached
-        return cached[1], cached[2]
+        cache = self._fused_weights.setdefault(name, VersionedCache())
+        params = [t for p in projections for t in (p.weight, p.bias)]
+        return cache.get(params, lambda: (torch.cat([p.weight for p in projections]),
+                                          torch.cat([p.bias for p in projections])))
 
     def fuse_for_quantization(self) -> None:
         """Give the decoding products their own fused linear modules (``qkv``: W_q, W_k, W_v;
@@ -95,7 +90,7 @@ class DotProductAttention(Attention):
         fused = self._fused(name, projections)
         if fused is None:
             return [p(x) for p in projections]
-        out = inference_linear(x, *fused, self._fused_cache, f"{name}.packed")
+        out = inference_linear(x, *fused, self._packed_fused, name)
         return list(out.chunk(len(projections), dim=-1))
 
     def _keys_values(self, memory: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:

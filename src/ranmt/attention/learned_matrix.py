@@ -20,8 +20,6 @@ drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,24 +41,6 @@ def xavier_per_head_(matrix: Tensor) -> Tensor:
         for head in matrix:
             nn.init.xavier_uniform_(head)
     return matrix
-
-
-class VersionedCache:
-    """Caches ``compute()`` until one of ``params`` is modified, moved or replaced."""
-
-    def __init__(self):
-        self.key = None
-        self.value = None
-
-    def get(self, params: list[Tensor], compute: Callable[[], object]):
-        if torch.compiler.is_compiling():  # traced: the eager value as a constant
-            return self.value if self.value is not None else compute()
-        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
-        if key != self.key:
-            with torch.no_grad():
-                self.value = compute()
-            self.key = key
-        return self.value
 
 
 def causal_softmax(matrix: Tensor) -> Tensor:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ranmt.attention.base import AttentionSpec
+from ranmt.attention.base import AttentionSpec, VersionedCache
 from ranmt.attention.learned_matrix import (
     LearnedMatrixAttention,
-    VersionedCache,
     causal_softmax,
     xavier_per_head_,
 )

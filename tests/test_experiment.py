@@ -287,3 +287,61 @@ def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):
         run_experiment(path, variants=["RAN-X"])
     with pytest.raises(ConfigError, match="seeds"):
         run_experiment(path, seeds=[7])
+
+
+def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_path,
+                                                                           monkeypatch):
+    """--reuse: a cell whose seed, resolved config and prepared data equal a finished cell of
+    another grid is copied (whatever its variant is called there), a cell that differs in
+    config is trained, and data that differs by one byte blocks the reuse."""
+    import shutil
+
+    from ranmt.experiment import find_reusable_cell, load_experiment
+
+    path = _grid(tmp_path)
+    main(["experiment", str(path), "--out", str(tmp_path / "first")])
+    first = json.loads((tmp_path / "first" / "results.json").read_text())
+
+    config = yaml.safe_load(path.read_text())
+    config["name"], config["baseline"] = "ablations", "Baseline"
+    config["variants"] = [{"name": "Baseline", "overrides": {"model.arch": "transf"}},
+                          {"name": "RAN-ALL-fixed", "overrides": {
+                              "model.arch": "ran-all", "model.ran.fixed_initial": True}}]
+    second_path = tmp_path / "second.yaml"
+    second_path.write_text(yaml.safe_dump(config))
+    calls = []
+    real_train = experiment_module.train
+
+    def counting_train(cfg, data_dir, run_dir):
+        calls.append(str(run_dir))
+        return real_train(cfg, data_dir, run_dir)
+
+    monkeypatch.setattr(experiment_module, "train", counting_train)
+    out = tmp_path / "second"
+    main(["experiment", str(second_path), "--out", str(out), "--reuse", str(tmp_path / "first")])
+    assert len(calls) == 1 and "RAN-ALL-fixed" in calls[0]
+    cell = json.loads((out / "runs/reverse/Baseline/seed1/cell.json").read_text())
+    assert cell["variant"] == "Baseline"
+    assert cell["reused_from"] == str(tmp_path / "first/runs/reverse/TransF/seed1")
+    assert (out / "runs/reverse/Baseline/seed1/test.hyp").read_bytes() == \
+        (tmp_path / "first/runs/reverse/TransF/seed1/test.hyp").read_bytes()
+    second = json.loads((out / "results.json").read_text())
+    assert second["complete"] is True
+    scores = second["datasets"]["reverse"]["tests"]["test"]["scores"]
+    assert scores["Baseline"] == first["datasets"]["reverse"]["tests"]["test"]["scores"]["TransF"]
+
+    # the same config over data that differs by one byte is not the same training
+    altered = tmp_path / "altered"
+    shutil.copytree(out / "data" / "reverse", altered)
+    with open(altered / "train.tgt.tokens.npy", "ab") as handle:
+        handle.write(b"\0")
+    experiment = load_experiment(second_path)
+    dataset, baseline = experiment.datasets[0], experiment.variants[0]
+    messages = []
+    assert find_reusable_cell(experiment, dataset, out / "data" / "reverse", baseline, 1,
+                              [tmp_path / "first"], messages.append) is not None
+    assert find_reusable_cell(experiment, dataset, altered, baseline, 1,
+                              [tmp_path / "first"], messages.append) is None
+    assert any("train.tgt.tokens.npy differs" in m for m in messages)
+    assert find_reusable_cell(experiment, dataset, out / "data" / "reverse", baseline, 2,
+                              [tmp_path / "first"], messages.append) is None  # other seed

@@ -187,7 +187,8 @@ def _cmd_experiment(args) -> None:
 
     try:
         run_experiment(args.config, log=_info, out=args.out, variants=args.variants,
-                       seeds=args.seeds, tables_only=args.tables_only)
+                       seeds=args.seeds, tables_only=args.tables_only,
+                       reuse_from=args.reuse)
     except KeyboardInterrupt as err:
         _info(f"interrupted: {err}" if str(err) else "interrupted")
         raise
@@ -402,6 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only these seeds' cells")
     p.add_argument("--tables-only", action="store_true",
                    help="train nothing: rewrite results.md/json from the finished cells")
+    p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
+                   help="output folders of other grids: a finished cell there that is the "
+                        "same training (seed, resolved config, identical prepared data) is "
+                        "copied instead of trained")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")

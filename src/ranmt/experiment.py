@@ -28,6 +28,12 @@ rewritten after every cell so that a long grid shows its finished cells early;
 ``--tables-only`` rewrites them without training, ``--variants`` / ``--seeds`` restrict
 the cells a worker runs.
 
+``--reuse DIR`` (another grid's output folder): a cell that is the very same training as a
+finished cell there (same seed, same resolved training/model/decoding config under any
+variant name, byte-identical prepared data, hypotheses for every test set) is copied
+instead of trained; its ``cell.json`` says ``reused_from``. The ablation grid's TransF and
+RAN-ALL cells, for example, are the equal-step grid's.
+
 Several workers may run the same grid at once (one per GPU, or one per pinned CPU core):
 start ``ranmt experiment CONFIG.yaml`` several times. A worker claims a cell with a lock
 file (``cell_dir/lock``, holding host and pid) and skips cells another live worker holds;
@@ -66,6 +72,7 @@ Experiment file (YAML)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -84,7 +91,7 @@ from ranmt.data.corpus import load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
 from ranmt.evaluate import TASK_METRICS, paired_bootstrap, score
-from ranmt.train import train
+from ranmt.train import fill_config_from_data, train
 from ranmt.translator import Translator
 
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
@@ -201,12 +208,17 @@ class CellInterrupted(KeyboardInterrupt):
     """Training stopped on a signal: the cell is saved for resume, not finished."""
 
 
+def _cell_config(experiment: Experiment, variant: dict, seed: int):
+    """The training config of one cell: base config, grid overrides, variant, seed."""
+    overrides = {**experiment.overrides, **variant.get("overrides", {}),
+                 "train.seed": seed}
+    return load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
+
+
 def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: dict,
              seed: int, cell_dir: Path, log) -> dict:
     """Train (or resume) one cell, decode and score every test set; write cell.json."""
-    overrides = {**experiment.overrides, **variant.get("overrides", {}),
-                 "train.seed": seed}
-    cfg = load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
+    cfg = _cell_config(experiment, variant, seed)
     started = time.monotonic()
     summary = train(cfg, data_dir, cell_dir / "run")
     if str(summary.get("stop_reason", "")).endswith("received"):
@@ -241,6 +253,107 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
         shutil.copyfile(log_file, cell_dir / "train.log")
     (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
     return cell
+
+
+# Prepared-data files that decide what a cell learns from (the tokenizers and the token
+# ids of the training and validation text); a reused cell must have been trained on
+# byte-identical ones.
+_TRAINING_DATA_FILES = ("spm.src.model", "spm.tgt.model", "train.src.tokens.npy",
+                        "train.tgt.tokens.npy", "valid.src.tokens.npy", "valid.tgt.tokens.npy")
+
+
+def _digest(path: Path) -> str | None:
+    """SHA-256 of a file's bytes, None if it does not exist."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _comparable_config(config: dict) -> dict:
+    """A cell's recorded config without what may differ between identical trainings: the
+    location of the prepared data (its content is compared separately)."""
+    config = json.loads(json.dumps(config))  # a deep copy with JSON types (tuples -> lists)
+    config.get("data", {}).pop("dir", None)
+    return config
+
+
+def expected_cell_config(experiment: Experiment, variant: dict, seed: int,
+                         data_dir: Path) -> dict:
+    """The config a cell of this grid would record in cell.json (see :func:`run_cell`):
+    its training config with what ``data_dir`` decides filled in as training does, and
+    the grid's decoding options."""
+    cfg = _cell_config(experiment, variant, seed)
+    fill_config_from_data(cfg, data_dir)
+    for key, value in experiment.decode.items():
+        if value is not None and hasattr(cfg.decode, key):
+            setattr(cfg.decode, key, value)
+    return _comparable_config(to_dict(cfg))
+
+
+def _same_data(ours: Path, theirs: Path, tests: list[str]) -> str | None:
+    """None when two prepared-data folders hold identical training data and test sets,
+    else the first difference."""
+    names = list(_TRAINING_DATA_FILES) + [f"{test}.{side}.txt" for test in tests
+                                          for side in ("src", "tgt")]
+    for name in names:
+        mine, other = _digest(ours / name), _digest(theirs / name)
+        if other is None:
+            return f"{theirs / name} is missing"
+        if mine != other:
+            return f"{name} differs"
+    return None
+
+
+def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
+                       variant: dict, seed: int, sources: list[Path],
+                       log) -> tuple[Path, dict] | None:
+    """A finished cell of another grid (its output folder in ``sources``) that is the very
+    training this cell would run: same seed, same resolved config (training, model and
+    decoding; any variant name), byte-identical prepared data, and hypotheses for every
+    test set of this dataset. Returns (its cell folder, its cell.json) or None.
+
+    Training is deterministic on a given machine for a given config and seed, so such a
+    cell is what this one would compute; reusing it saves its training time."""
+    expected = expected_cell_config(experiment, variant, seed, data_dir)
+    for source in sources:
+        for cell_file in sorted(Path(source).glob("runs/*/*/seed*/cell.json")):
+            cell = json.loads(cell_file.read_text(encoding="utf-8"))
+            if cell.get("seed") != seed or _comparable_config(cell["config"]) != expected:
+                continue
+            if any(test not in cell["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
+                   for test in dataset.tests):
+                log(f"not reusing {cell_file.parent}: it lacks hypotheses for one of "
+                    f"{list(dataset.tests)}")
+                continue
+            difference = _same_data(data_dir, Path(source) / "data" / cell["dataset"],
+                                    list(dataset.tests))
+            if difference is not None:
+                log(f"not reusing {cell_file.parent}: its prepared data cannot be shown "
+                    f"identical ({difference})")
+                continue
+            return cell_file.parent, cell
+    return None
+
+
+def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: dict,
+               cell_dir: Path) -> dict:
+    """Copy a reusable cell (:func:`find_reusable_cell`) into this grid: its hypotheses for
+    this dataset's test sets, its train.log and its cell.json, which names the source."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    tests = {}
+    for test in dataset.tests:
+        shutil.copyfile(source_dir / f"{test}.hyp", cell_dir / f"{test}.hyp")
+        tests[test] = {**cell["tests"][test], "hyp_file": str(cell_dir / f"{test}.hyp")}
+    if (source_dir / "train.log").is_file():
+        shutil.copyfile(source_dir / "train.log", cell_dir / "train.log")
+    adopted = {**cell, "dataset": dataset.name, "variant": variant["name"], "tests": tests,
+               "reused_from": str(source_dir)}
+    (cell_dir / "cell.json").write_text(json.dumps(adopted, indent=1), encoding="utf-8")
+    return adopted
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -619,16 +732,23 @@ def _select(experiment: Experiment, grid: list, variants: list[str] | None,
 
 def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                    variants: list[str] | None = None, seeds: list[int] | None = None,
-                   tables_only: bool = False) -> dict:
+                   tables_only: bool = False,
+                   reuse_from: list[str | Path] | None = None) -> dict:
     """Run (or resume) the whole grid, cooperating with other workers; return the results.
 
     ``out`` overrides the experiment file's output directory; ``variants`` / ``seeds``
     restrict the cells this call runs (the tables show every finished cell of the grid);
-    ``tables_only`` trains nothing and rewrites the tables. A signal during training
+    ``tables_only`` trains nothing and rewrites the tables; ``reuse_from`` lists output
+    folders of other grids whose finished cells are copied instead of trained where they
+    are the very same training (:func:`find_reusable_cell`). A signal during training
     raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the cell's checkpoint
     is saved and its lock released; the cell is not recorded as finished.
     """
     experiment = load_experiment(path)
+    reuse_from = [Path(folder) for folder in reuse_from or []]
+    for folder in reuse_from:
+        if not (folder / "runs").is_dir():
+            raise ConfigError(f"--reuse {folder}: not a grid's output folder (no runs/ in it)")
     if out is not None:
         experiment.out = Path(out)
     root = experiment.out
@@ -657,10 +777,17 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
             remaining = len(selected) - index + 1
             eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
                    f"{remaining} cells left (this worker)" if durations else "")
-            log(f"{label}: running{eta}")
-            start = time.monotonic()
-            run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)
-            durations.append(time.monotonic() - start)
+            reusable = find_reusable_cell(experiment, dataset, data_dir, variant, seed,
+                                          reuse_from, log) if reuse_from else None
+            if reusable is not None:
+                adopt_cell(*reusable, dataset, variant, cell_dir)
+                log(f"{label}: the same training as the finished cell {reusable[0]}, "
+                    "reused (nothing trained)")
+            else:
+                log(f"{label}: running{eta}")
+                start = time.monotonic()
+                run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)
+                durations.append(time.monotonic() - start)
         finally:
             release(cell_dir / "lock")
         write_results(experiment, grid, log)

@@ -187,6 +187,19 @@ def _latest_training_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+
+def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
+    """Set what the prepared data decides (its folder, vocabulary sizes, and HC-ALL's
+    gamma unless given) in ``cfg``, from ``data_dir/meta.json``."""
+    meta = load_meta(data_dir)
+    cfg.data.dir = str(data_dir)
+    cfg.model.src_vocab_size = meta["src_vocab_size"]
+    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
+    cfg.model.joint_vocab = bool(meta["joint_vocab"])
+    if cfg.model.hardcoded.gamma <= 0:
+        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
+
+
 class TrainingRun:
     """One training run as a recipe that reads top to bottom (torchtune style).
 
@@ -209,13 +222,7 @@ class TrainingRun:
     # ---- setup
     def _setup_config_from_data(self) -> None:
         """Vocabulary sizes and gamma come from the prepared data's meta.json."""
-        cfg, meta = self.cfg, load_meta(self.data_dir)
-        cfg.data.dir = str(self.data_dir)
-        cfg.model.src_vocab_size = meta["src_vocab_size"]
-        cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
-        cfg.model.joint_vocab = bool(meta["joint_vocab"])
-        if cfg.model.hardcoded.gamma <= 0:
-            cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
+        fill_config_from_data(self.cfg, self.data_dir)
         self.vocab_files = {"src": self.data_dir / "spm.src.model",
                             "tgt": self.data_dir / "spm.tgt.model"}
 

@@ -201,6 +201,12 @@ def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
     return launch_server(["--device", "cpu", *args])
 
 
+def test_launch_server_raises_with_the_error_when_the_server_cannot_start(tmp_path):
+    with pytest.raises(RuntimeError, match="did not answer /health") as error:
+        launch_server(["--device", "cpu", "--checkpoint", str(tmp_path / "missing")])
+    assert "missing" in str(error.value)  # the server's own error message is passed on
+
+
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(runs):
     server, url = _start_server("--checkpoint", str(runs["transf"]), "--batch-window-ms", "1500")
     try:

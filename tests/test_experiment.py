@@ -35,6 +35,19 @@ def _grid(tmp_path) -> object:
     return path
 
 
+def _count_trainings(monkeypatch) -> list[str]:
+    """Record the run folder of every training `ranmt experiment` starts from now on."""
+    calls: list[str] = []
+    real_train = experiment_module.train
+
+    def counting_train(cfg, data_dir, run_dir):
+        calls.append(str(run_dir))
+        return real_train(cfg, data_dir, run_dir)
+
+    monkeypatch.setattr(experiment_module, "train", counting_train)
+    return calls
+
+
 def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypatch):
     path = _grid(tmp_path)
     main(["experiment", str(path)])
@@ -61,14 +74,7 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     transf_cell = exp / "runs/reverse/TransF/seed1/cell.json"
     before = transf_cell.stat().st_mtime_ns
     (exp / "runs/reverse/RAN-ALL/seed1/cell.json").unlink()
-    calls = []
-    real_train = experiment_module.train
-
-    def counting_train(cfg, data_dir, run_dir):
-        calls.append(str(run_dir))
-        return real_train(cfg, data_dir, run_dir)
-
-    monkeypatch.setattr(experiment_module, "train", counting_train)
+    calls = _count_trainings(monkeypatch)
     main(["experiment", str(path)])
     assert len(calls) == 1 and "RAN-ALL" in calls[0]
     assert transf_cell.stat().st_mtime_ns == before
@@ -309,14 +315,7 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
                               "model.arch": "ran-all", "model.ran.fixed_initial": True}}]
     second_path = tmp_path / "second.yaml"
     second_path.write_text(yaml.safe_dump(config))
-    calls = []
-    real_train = experiment_module.train
-
-    def counting_train(cfg, data_dir, run_dir):
-        calls.append(str(run_dir))
-        return real_train(cfg, data_dir, run_dir)
-
-    monkeypatch.setattr(experiment_module, "train", counting_train)
+    calls = _count_trainings(monkeypatch)
     out = tmp_path / "second"
     main(["experiment", str(second_path), "--out", str(out), "--reuse", str(tmp_path / "first")])
     assert len(calls) == 1 and "RAN-ALL-fixed" in calls[0]

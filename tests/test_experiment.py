@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 import ranmt.experiment as experiment_module
 from conftest import reverse_task, write_parallel
 from ranmt.cli import main
+from ranmt.config import ConfigError
+from ranmt.experiment import run_experiment
 
 
 def _grid(tmp_path) -> object:
@@ -134,8 +137,6 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
     exits with status 130 before the next cell, and a rerun resumes and completes the grid;
     --out moves the whole grid, and a moved results folder still rebuilds its tables."""
     import shutil
-
-    import pytest
 
     path = _grid(tmp_path)
     out = tmp_path / "elsewhere"
@@ -280,14 +281,22 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
     markdown = (exp / "results.md").read_text()
     assert "| TransF | 2 | 30 |" in markdown and "| RAN-ALL | 2 | 30 |" in markdown
     assert (exp / "validation_reverse.png").stat().st_size > 1000
+    # --baseline: the same cells against RAN-ALL; every difference flips its sign
+    main(["experiment", str(path), "--tables-only", "--baseline", "RAN-ALL"])
+    against = json.loads((exp / "results.vs-RAN-ALL.json").read_text())
+    assert against["baseline"] == "RAN-ALL"
+    ours = results["datasets"]["reverse"]["tests"]["test"]["significance"]
+    theirs = against["datasets"]["reverse"]["tests"]["test"]["significance"]
+    assert set(theirs) == {"TransF"}
+    for metric in ("bleu", "chrf", "ter"):
+        assert theirs["TransF"][metric]["delta"] == pytest.approx(
+            -ours["RAN-ALL"][metric]["delta"])
+    assert "against **RAN-ALL**" in (exp / "results.vs-RAN-ALL.md").read_text()
+    with pytest.raises(ConfigError, match="--baseline"):
+        run_experiment(path, tables_only=True, baselines=["RAN-X"])
 
 
 def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):
-    import pytest
-
-    from ranmt.config import ConfigError
-    from ranmt.experiment import run_experiment
-
     path = _grid(tmp_path)
     with pytest.raises(ConfigError, match="not in the grid"):
         run_experiment(path, variants=["RAN-X"])

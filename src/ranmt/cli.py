@@ -188,7 +188,7 @@ def _cmd_experiment(args) -> None:
     try:
         run_experiment(args.config, log=_info, out=args.out, variants=args.variants,
                        seeds=args.seeds, tables_only=args.tables_only,
-                       reuse_from=args.reuse)
+                       reuse_from=args.reuse, baselines=args.baseline)
     except KeyboardInterrupt as err:
         _info(f"interrupted: {err}" if str(err) else "interrupted")
         raise
@@ -407,6 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folders of other grids: a finished cell there that is the "
                         "same training (seed, resolved config, identical prepared data) is "
                         "copied instead of trained")
+    p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
+                   help="also compare every variant against these variants of the grid "
+                        "(results.vs-NAME.md|json beside results.md; with --tables-only "
+                        "nothing is trained)")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")

@@ -34,6 +34,9 @@ variant name, byte-identical prepared data, hypotheses for every test set) is co
 instead of trained; its ``cell.json`` says ``reused_from``. The ablation grid's TransF and
 RAN-ALL cells, for example, are the equal-step grid's.
 
+``--baseline NAME`` compares against another variant of the grid as well (same rule, same
+marks): ``results.vs-NAME.md|json`` beside the main tables, e.g. HC-SA against RAN-ALL.
+
 Several workers may run the same grid at once (one per GPU, or one per pinned CPU core):
 start ``ranmt experiment CONFIG.yaml`` several times. A worker claims a cell with a lock
 file (``cell_dir/lock``, holding host and pid) and skips cells another live worker holds;
@@ -81,7 +84,7 @@ import socket
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -678,9 +681,29 @@ def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
     return cells
 
 
-def write_results(experiment: Experiment, grid: list, log=print) -> dict:
-    """(Re)write results.md and results.json from the finished cells on disk."""
+def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
+                     log=print) -> Path:
+    """results.vs-BASELINE.md|json: the test tables against another variant of the grid."""
+    markdown, results = build_tables(replace(experiment, baseline=baseline), cells)
+    markdown = (f"> Every difference and mark here is against **{baseline}**; the grid's "
+                f"baseline is {experiment.baseline} (results.md).\n\n" + markdown)
+    results.update({"baseline": baseline, "commit": _git_commit(),
+                    "experiment_file": str(experiment.path)})
+    path = experiment.out / f"results.vs-{baseline}.md"
+    path.write_text(markdown, encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str),
+                                         encoding="utf-8")
+    log(f"wrote {path} and {path.with_suffix('.json').name}")
+    return path
+
+
+def write_results(experiment: Experiment, grid: list, log=print,
+                  extra_baselines: list[str] | None = None) -> dict:
+    """(Re)write results.md and results.json from the finished cells on disk, and a
+    comparison against each of ``extra_baselines`` (:func:`write_comparison`)."""
     cells = _read_cells(experiment, grid)
+    for baseline in extra_baselines or []:
+        write_comparison(experiment, cells, baseline, log)
     markdown, results = build_tables(experiment, cells)
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
@@ -733,18 +756,25 @@ def _select(experiment: Experiment, grid: list, variants: list[str] | None,
 def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                    variants: list[str] | None = None, seeds: list[int] | None = None,
                    tables_only: bool = False,
-                   reuse_from: list[str | Path] | None = None) -> dict:
+                   reuse_from: list[str | Path] | None = None,
+                   baselines: list[str] | None = None) -> dict:
     """Run (or resume) the whole grid, cooperating with other workers; return the results.
 
     ``out`` overrides the experiment file's output directory; ``variants`` / ``seeds``
     restrict the cells this call runs (the tables show every finished cell of the grid);
     ``tables_only`` trains nothing and rewrites the tables; ``reuse_from`` lists output
     folders of other grids whose finished cells are copied instead of trained where they
-    are the very same training (:func:`find_reusable_cell`). A signal during training
-    raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the cell's checkpoint
-    is saved and its lock released; the cell is not recorded as finished.
+    are the very same training (:func:`find_reusable_cell`); ``baselines`` names variants
+    to compare against besides the grid's baseline (:func:`write_comparison`). A signal
+    during training raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the
+    cell's checkpoint is saved and its lock released; the cell is not recorded as finished.
     """
     experiment = load_experiment(path)
+    names = [v["name"] for v in experiment.variants]
+    unknown = sorted(set(baselines or []) - set(names))
+    if unknown:
+        raise ConfigError(f"--baseline: {unknown} not in the grid; its variants are {names}")
+    extra_baselines = [b for b in baselines or [] if b != experiment.baseline]
     reuse_from = [Path(folder) for folder in reuse_from or []]
     for folder in reuse_from:
         if not (folder / "runs").is_dir():
@@ -790,8 +820,8 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 durations.append(time.monotonic() - start)
         finally:
             release(cell_dir / "lock")
-        write_results(experiment, grid, log)
+        write_results(experiment, grid, log, extra_baselines)
     if elsewhere:
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
-    return write_results(experiment, grid, log)
+    return write_results(experiment, grid, log, extra_baselines)

@@ -690,11 +690,16 @@ def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
     results.update({"baseline": baseline, "commit": _git_commit(),
                     "experiment_file": str(experiment.path)})
     path = experiment.out / f"results.vs-{baseline}.md"
-    path.write_text(markdown, encoding="utf-8")
-    path.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str),
-                                         encoding="utf-8")
+    _write_markdown_and_json(path, markdown, results)
     log(f"wrote {path} and {path.with_suffix('.json').name}")
     return path
+
+
+def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) -> None:
+    """``NAME.md`` and, beside it, ``NAME.json``."""
+    markdown_path.write_text(markdown, encoding="utf-8")
+    markdown_path.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str),
+                                                  encoding="utf-8")
 
 
 def write_results(experiment: Experiment, grid: list, log=print,
@@ -718,9 +723,7 @@ def write_results(experiment: Experiment, grid: list, log=print,
                                   figure):
             markdown += (f"\nValidation curves of {dataset.name}: "
                          f"[{figure.name}]({figure.name})\n")
-    (root / "results.md").write_text(markdown, encoding="utf-8")
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str),
-                                       encoding="utf-8")
+    _write_markdown_and_json(root / "results.md", markdown, results)
     log(f"wrote {root / 'results.md'} and {root / 'results.json'} "
         f"({len(cells)}/{len(grid)} cells)")
     return results
@@ -739,13 +742,18 @@ def _prepare_once(dataset: Dataset, root: Path, log) -> Path:
         release(lock)
 
 
+def _check_variant_names(experiment: Experiment, option: str, requested: list[str] | None):
+    """ConfigError when ``requested`` (the names given to ``option``) are not all variants."""
+    names = [v["name"] for v in experiment.variants]
+    unknown = sorted(set(requested or []) - set(names))
+    if unknown:
+        raise ConfigError(f"{option}: {unknown} not in the grid; its variants are {names}")
+
+
 def _select(experiment: Experiment, grid: list, variants: list[str] | None,
             seeds: list[int] | None) -> list:
     """The cells of ``grid`` this worker runs (``--variants`` / ``--seeds``)."""
-    names = [v["name"] for v in experiment.variants]
-    unknown = sorted(set(variants or []) - set(names))
-    if unknown:
-        raise ConfigError(f"--variants: {unknown} not in the grid; its variants are {names}")
+    _check_variant_names(experiment, "--variants", variants)
     missing = sorted(set(seeds or []) - set(experiment.seeds))
     if missing:
         raise ConfigError(f"--seeds: {missing} not in the grid's seeds {experiment.seeds}")
@@ -770,10 +778,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     cell's checkpoint is saved and its lock released; the cell is not recorded as finished.
     """
     experiment = load_experiment(path)
-    names = [v["name"] for v in experiment.variants]
-    unknown = sorted(set(baselines or []) - set(names))
-    if unknown:
-        raise ConfigError(f"--baseline: {unknown} not in the grid; its variants are {names}")
+    _check_variant_names(experiment, "--baseline", baselines)
     extra_baselines = [b for b in baselines or [] if b != experiment.baseline]
     reuse_from = [Path(folder) for folder in reuse_from or []]
     for folder in reuse_from:

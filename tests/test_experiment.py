@@ -353,3 +353,66 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
     assert any("train.tgt.tokens.npy differs" in m for m in messages)
     assert find_reusable_cell(experiment, dataset, out / "data" / "reverse", baseline, 2,
                               [tmp_path / "first"], messages.append) is None  # other seed
+
+
+def test_warm_start_state_keeps_only_what_the_longer_training_would_hold():
+    """The trainer state a warm-started cell takes over: the source's validations at the
+    cell's own validation steps only; none when the source's best is not its last step or
+    it skipped one of the cell's validations."""
+    from ranmt.experiment import _warm_start_state
+
+    validations = [{"step": s, "valid_loss": 5.0 - s / 100} for s in (10, 20, 30, 40)]
+    trainer = {"step": 40, "best_step": 40, "best_bleu": -4.6, "bad_validations": 0,
+               "validations": validations}
+    state = _warm_start_state(trainer, 20)
+    assert [v["step"] for v in state["validations"]] == [20, 40]
+    assert state["best_step"] == 40 and state["bad_validations"] == 0
+    assert _warm_start_state(trainer, 40)["validations"] == [validations[3]]
+    assert _warm_start_state(trainer, 30) is None          # 40 is not a validation step of it
+    assert _warm_start_state({**trainer, "best_step": 30}, 10) is None  # best not at 40
+    assert _warm_start_state({**trainer, "validations": validations[1:]}, 10) is None
+
+
+def test_reuse_warm_starts_a_longer_training_and_ends_where_training_from_scratch_does(
+        tmp_path, monkeypatch):
+    """--reuse DIR with a grid whose cells are DIR's cells trained on (more steps, sparser
+    validation, patience): the cell resumes from DIR's checkpoint and ends bit-identical to
+    the same cell trained from scratch (weights, validations, best step, hypotheses)."""
+    from safetensors.torch import load_file
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["variants"] = config["variants"][:1]
+    config["overrides"].update({"train.max_steps": 20, "train.validate_every": 10})
+    short_path = tmp_path / "short.yaml"
+    short_path.write_text(yaml.safe_dump(config))
+    config["overrides"].update({"train.max_steps": 40, "train.validate_every": 20,
+                                "train.patience": 5})
+    long_path = tmp_path / "long.yaml"
+    long_path.write_text(yaml.safe_dump(config))
+
+    main(["experiment", str(short_path), "--out", str(tmp_path / "short")])
+    main(["experiment", str(long_path), "--out", str(tmp_path / "scratch")])
+    calls = _count_trainings(monkeypatch)
+    main(["experiment", str(long_path), "--out", str(tmp_path / "warm"),
+          "--reuse", str(tmp_path / "short")])
+    assert len(calls) == 1  # trained (from step 20 on), not copied: it is not the same run
+
+    cell_path = "runs/reverse/TransF/seed1"
+    scratch = json.loads((tmp_path / "scratch" / cell_path / "cell.json").read_text())
+    warm = json.loads((tmp_path / "warm" / cell_path / "cell.json").read_text())
+    assert warm["warm_started_from"]["step"] == 20
+    assert "warm_started_from" not in scratch
+    assert warm["train"]["steps"] == scratch["train"]["steps"] == 40
+    assert warm["train"]["best_step"] == scratch["train"]["best_step"]
+    assert warm["train"]["validations"] == scratch["train"]["validations"]
+    assert [v["step"] for v in warm["train"]["validations"]] == [20, 40]
+    for folder in ("best", "checkpoints/step_00000040"):
+        ours = load_file(tmp_path / "warm" / cell_path / "run" / folder / "model.safetensors")
+        theirs = load_file(tmp_path / "scratch" / cell_path / "run" / folder /
+                           "model.safetensors")
+        assert ours.keys() == theirs.keys()
+        assert all(ours[name].equal(theirs[name]) for name in ours)
+    assert (tmp_path / "warm" / cell_path / "test.hyp").read_bytes() == \
+        (tmp_path / "scratch" / cell_path / "test.hyp").read_bytes()
+    assert "warm start: steps 1-20" in (tmp_path / "warm" / cell_path / "train.log").read_text()

@@ -406,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
                    help="output folders of other grids: a finished cell there that is the "
                         "same training (seed, resolved config, identical prepared data) is "
-                        "copied instead of trained")
+                        "copied instead of trained; a cell whose training only runs longer "
+                        "(or validates less often) than one there starts from its checkpoint")
     p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
                    help="also compare every variant against these variants of the grid "
                         "(results.vs-NAME.md|json beside results.md; with --tables-only "

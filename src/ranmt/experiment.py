@@ -32,7 +32,11 @@ the cells a worker runs.
 finished cell there (same seed, same resolved training/model/decoding config under any
 variant name, byte-identical prepared data, hypotheses for every test set) is copied
 instead of trained; its ``cell.json`` says ``reused_from``. The ablation grid's TransF and
-RAN-ALL cells, for example, are the equal-step grid's.
+RAN-ALL cells, for example, are the equal-step grid's. A cell whose training differs from
+one there only in its budget (more steps, sparser validation, patience: the converged
+grid's cells against the 1,000-step grid's) is *warm-started* instead
+(:func:`find_warm_start`): it resumes from that cell's step checkpoint, which is exactly
+where its own training would have been, and its ``cell.json`` says ``warm_started_from``.
 
 ``--baseline NAME`` compares against another variant of the grid as well (same rule, same
 marks): ``results.vs-NAME.md|json`` beside the main tables, e.g. HC-SA against RAN-ALL.
@@ -89,6 +93,7 @@ from pathlib import Path
 
 import yaml
 
+from ranmt.checkpoint import step_checkpoints
 from ranmt.config import ConfigError, load_config, to_dict
 from ranmt.data.corpus import load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
@@ -251,6 +256,9 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
             "parameters": summary["parameters"], "tests": tests,
             "config": to_dict(translator.config),
             "wall_seconds": time.monotonic() - started}
+    warm_file = cell_dir / "run" / "warm_start.json"
+    if warm_file.is_file():  # steps 1..N came from another grid's cell (find_warm_start)
+        cell["warm_started_from"] = json.loads(warm_file.read_text(encoding="utf-8"))
     log_file = cell_dir / "run" / "train.log"
     if log_file.is_file():  # the run folder is not kept in git; the log is small
         shutil.copyfile(log_file, cell_dir / "train.log")
@@ -357,6 +365,96 @@ def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: dict,
                "reused_from": str(source_dir)}
     (cell_dir / "cell.json").write_text(json.dumps(adopted, indent=1), encoding="utf-8")
     return adopted
+
+
+# Training keys that only stop or observe a training (how long, how often it validates, how
+# many checkpoints it keeps), not what any of its steps compute: two configs that differ in
+# nothing else train the very same model up to the shorter one's last step.
+_BUDGET_KEYS = ("max_steps", "max_time", "max_epochs", "patience", "validate_every",
+                "keep_last")
+
+
+def _without_budget(config: dict) -> dict:
+    config = _comparable_config(config)
+    for key in _BUDGET_KEYS:
+        config.get("train", {}).pop(key, None)
+    return config
+
+
+def _warm_start_state(trainer: dict, validate_every: int) -> dict | None:
+    """The trainer state this cell's own training would hold at the checkpoint's step, or
+    None when it would differ: the cell validates every ``validate_every`` steps, so the
+    source must have validated at each of those steps (it may have validated more often;
+    those extra validations are dropped) and its best validation must be at the checkpoint's
+    step (then the best, and the count of validations without gain, are the same either
+    way)."""
+    step = trainer.get("step", 0)
+    if step <= 0 or step % validate_every or trainer.get("best_step") != step:
+        return None
+    kept = [v for v in trainer.get("validations", []) if v["step"] % validate_every == 0]
+    if [v["step"] for v in kept] != list(range(validate_every, step + 1, validate_every)):
+        return None
+    return {**trainer, "validations": kept, "bad_validations": 0}
+
+
+def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed: int,
+                    sources: list[Path], log) -> tuple[Path, dict] | None:
+    """A step checkpoint of another grid's cell that this cell's training passes through:
+    same seed, same resolved config except the budget keys (``_BUDGET_KEYS``: e.g. the
+    converged grid's cells are the 1,000-step grid's cells trained on), byte-identical
+    training data, a step this cell reaches and validates at, the source's best validation
+    at that step. Returns (checkpoint folder, the trainer state this cell would hold there).
+
+    Training is deterministic and resumes exactly, so resuming from that checkpoint gives
+    the model this cell would have trained from scratch, without the steps' time."""
+    cfg = _cell_config(experiment, variant, seed)
+    if not cfg.train.validate_every or cfg.train.max_epochs:
+        return None  # epoch-budgeted or unvalidated runs: keep it simple, train from scratch
+    expected = _without_budget(expected_cell_config(experiment, variant, seed, data_dir))
+    for source in sources:
+        for cell_file in sorted(Path(source).glob("runs/*/*/seed*/cell.json")):
+            cell = json.loads(cell_file.read_text(encoding="utf-8"))
+            if cell.get("seed") != seed or _without_budget(cell["config"]) != expected:
+                continue
+            if _same_data(data_dir, Path(source) / "data" / cell["dataset"], []) is not None:
+                continue
+            for checkpoint in reversed(step_checkpoints(cell_file.parent / "run")):
+                trainer = json.loads((checkpoint / "checkpoint.json").read_text(
+                    encoding="utf-8")).get("trainer", {})
+                if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
+                    continue
+                state = _warm_start_state(trainer, cfg.train.validate_every)
+                if state is not None:
+                    return checkpoint, state
+            log(f"not warm-starting from {cell_file.parent}: none of its step checkpoints is "
+                f"at a validation this cell runs with its best validation there")
+    return None
+
+
+def warm_start(checkpoint: Path, state: dict, cfg_dict: dict, run_dir: Path) -> None:
+    """Seed ``run_dir`` with ``checkpoint`` (:func:`find_warm_start`) as its own step
+    checkpoint and its ``best``, both holding this cell's config and trainer state, so that
+    ``train`` resumes from there; the source's train.log starts this run's log."""
+    step = state["step"]
+    for target, drop in ((run_dir / "checkpoints" / f"step_{step:08d}", ()),
+                         (run_dir / "best", ("optimizer.safetensors",))):
+        shutil.copytree(checkpoint, target, ignore=shutil.ignore_patterns(*drop))
+        meta = json.loads((target / "checkpoint.json").read_text(encoding="utf-8"))
+        meta["config"] = cfg_dict
+        meta["trainer"] = dict(state)
+        if drop:  # best/ carries the validation of its step, as training writes it
+            meta["trainer"]["valid"] = {k: v for k, v in state["validations"][-1].items()
+                                        if k != "step"}
+            meta.pop("optimizer", None)
+        (target / "checkpoint.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    (run_dir / "warm_start.json").write_text(json.dumps(
+        {"checkpoint": str(checkpoint), "step": step}, indent=1), encoding="utf-8")
+    source_log = checkpoint.parent.parent / "train.log"
+    with open(run_dir / "train.log", "w", encoding="utf-8") as log_file:
+        if source_log.is_file():
+            log_file.write(source_log.read_text(encoding="utf-8"))
+        log_file.write(f"warm start: steps 1-{step} are those of {checkpoint} (its run's log "
+                       "is above); this cell resumes from that checkpoint\n")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -819,6 +917,16 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 log(f"{label}: the same training as the finished cell {reusable[0]}, "
                     "reused (nothing trained)")
             else:
+                warm = None
+                if reuse_from and not step_checkpoints(cell_dir / "run"):
+                    warm = find_warm_start(experiment, data_dir, variant, seed, reuse_from,
+                                           log)
+                if warm is not None:
+                    cfg = _cell_config(experiment, variant, seed)
+                    fill_config_from_data(cfg, data_dir)
+                    warm_start(*warm, to_dict(cfg), cell_dir / "run")
+                    log(f"{label}: warm start from {warm[0]} (step {warm[1]['step']}, a "
+                        "step of this very training)")
                 log(f"{label}: running{eta}")
                 start = time.monotonic()
                 run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)

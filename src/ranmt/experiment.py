@@ -319,6 +319,16 @@ def _same_data(ours: Path, theirs: Path, tests: list[str]) -> str | None:
     return None
 
 
+def _finished_cells(sources: list[Path], seed: int):
+    """(grid folder, cell.json path, its contents) of every finished cell of ``seed`` in the
+    grid output folders ``sources``."""
+    for source in sources:
+        for cell_file in sorted(Path(source).glob("runs/*/*/seed*/cell.json")):
+            cell = json.loads(cell_file.read_text(encoding="utf-8"))
+            if cell.get("seed") == seed:
+                yield Path(source), cell_file, cell
+
+
 def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
                        variant: dict, seed: int, sources: list[Path],
                        log) -> tuple[Path, dict] | None:
@@ -330,23 +340,21 @@ def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
     Training is deterministic on a given machine for a given config and seed, so such a
     cell is what this one would compute; reusing it saves its training time."""
     expected = expected_cell_config(experiment, variant, seed, data_dir)
-    for source in sources:
-        for cell_file in sorted(Path(source).glob("runs/*/*/seed*/cell.json")):
-            cell = json.loads(cell_file.read_text(encoding="utf-8"))
-            if cell.get("seed") != seed or _comparable_config(cell["config"]) != expected:
-                continue
-            if any(test not in cell["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
-                   for test in dataset.tests):
-                log(f"not reusing {cell_file.parent}: it lacks hypotheses for one of "
-                    f"{list(dataset.tests)}")
-                continue
-            difference = _same_data(data_dir, Path(source) / "data" / cell["dataset"],
-                                    list(dataset.tests))
-            if difference is not None:
-                log(f"not reusing {cell_file.parent}: its prepared data cannot be shown "
-                    f"identical ({difference})")
-                continue
-            return cell_file.parent, cell
+    for source, cell_file, cell in _finished_cells(sources, seed):
+        if _comparable_config(cell["config"]) != expected:
+            continue
+        if any(test not in cell["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
+               for test in dataset.tests):
+            log(f"not reusing {cell_file.parent}: it lacks hypotheses for one of "
+                f"{list(dataset.tests)}")
+            continue
+        difference = _same_data(data_dir, source / "data" / cell["dataset"],
+                                list(dataset.tests))
+        if difference is not None:
+            log(f"not reusing {cell_file.parent}: its prepared data cannot be shown "
+                f"identical ({difference})")
+            continue
+        return cell_file.parent, cell
     return None
 
 
@@ -411,23 +419,21 @@ def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed:
     if not cfg.train.validate_every or cfg.train.max_epochs:
         return None  # epoch-budgeted or unvalidated runs: keep it simple, train from scratch
     expected = _without_budget(expected_cell_config(experiment, variant, seed, data_dir))
-    for source in sources:
-        for cell_file in sorted(Path(source).glob("runs/*/*/seed*/cell.json")):
-            cell = json.loads(cell_file.read_text(encoding="utf-8"))
-            if cell.get("seed") != seed or _without_budget(cell["config"]) != expected:
+    for source, cell_file, cell in _finished_cells(sources, seed):
+        if _without_budget(cell["config"]) != expected:
+            continue
+        if _same_data(data_dir, source / "data" / cell["dataset"], []) is not None:
+            continue
+        for checkpoint in reversed(step_checkpoints(cell_file.parent / "run")):
+            trainer = json.loads((checkpoint / "checkpoint.json").read_text(
+                encoding="utf-8")).get("trainer", {})
+            if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
                 continue
-            if _same_data(data_dir, Path(source) / "data" / cell["dataset"], []) is not None:
-                continue
-            for checkpoint in reversed(step_checkpoints(cell_file.parent / "run")):
-                trainer = json.loads((checkpoint / "checkpoint.json").read_text(
-                    encoding="utf-8")).get("trainer", {})
-                if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
-                    continue
-                state = _warm_start_state(trainer, cfg.train.validate_every)
-                if state is not None:
-                    return checkpoint, state
-            log(f"not warm-starting from {cell_file.parent}: none of its step checkpoints is "
-                f"at a validation this cell runs with its best validation there")
+            state = _warm_start_state(trainer, cfg.train.validate_every)
+            if state is not None:
+                return checkpoint, state
+        log(f"not warm-starting from {cell_file.parent}: none of its step checkpoints is "
+            f"at a validation this cell runs with its best validation there")
     return None
 
 
@@ -455,6 +461,19 @@ def warm_start(checkpoint: Path, state: dict, cfg_dict: dict, run_dir: Path) -> 
             log_file.write(source_log.read_text(encoding="utf-8"))
         log_file.write(f"warm start: steps 1-{step} are those of {checkpoint} (its run's log "
                        "is above); this cell resumes from that checkpoint\n")
+
+
+def _warm_start_if_possible(experiment: Experiment, data_dir: Path, variant: dict, seed: int,
+                            sources: list[Path], run_dir: Path,
+                            log) -> tuple[Path, dict] | None:
+    """:func:`find_warm_start` and, where it finds a checkpoint, :func:`warm_start`;
+    returns what it found."""
+    found = find_warm_start(experiment, data_dir, variant, seed, sources, log)
+    if found is not None:
+        cfg = _cell_config(experiment, variant, seed)
+        fill_config_from_data(cfg, data_dir)
+        warm_start(*found, to_dict(cfg), run_dir)
+    return found
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -917,16 +936,12 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 log(f"{label}: the same training as the finished cell {reusable[0]}, "
                     "reused (nothing trained)")
             else:
-                warm = None
                 if reuse_from and not step_checkpoints(cell_dir / "run"):
-                    warm = find_warm_start(experiment, data_dir, variant, seed, reuse_from,
-                                           log)
-                if warm is not None:
-                    cfg = _cell_config(experiment, variant, seed)
-                    fill_config_from_data(cfg, data_dir)
-                    warm_start(*warm, to_dict(cfg), cell_dir / "run")
-                    log(f"{label}: warm start from {warm[0]} (step {warm[1]['step']}, a "
-                        "step of this very training)")
+                    found = _warm_start_if_possible(experiment, data_dir, variant, seed,
+                                                    reuse_from, cell_dir / "run", log)
+                    if found is not None:
+                        log(f"{label}: warm start from {found[0]} (step {found[1]['step']}, "
+                            "a step of this very training)")
                 log(f"{label}: running{eta}")
                 start = time.monotonic()
                 run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)

@@ -416,3 +416,75 @@ def test_reuse_warm_starts_a_longer_training_and_ends_where_training_from_scratc
     assert (tmp_path / "warm" / cell_path / "test.hyp").read_bytes() == \
         (tmp_path / "scratch" / cell_path / "test.hyp").read_bytes()
     assert "warm start: steps 1-20" in (tmp_path / "warm" / cell_path / "train.log").read_text()
+
+
+def test_a_cell_stopped_by_sigterm_resumes_from_another_checkout_bit_identical(
+        tmp_path, monkeypatch):
+    """--work / $RANMT_WORK_DIR keep the run folders outside the grid's output folder: a
+    cell SIGTERM'd mid-training in one checkout resumes from its checkpoint in another
+    checkout (whose output folder has no run folder, as in a fresh clone) and ends
+    bit-identical to the same cell trained without interruption."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["variants"] = config["variants"][:1]
+    config["overrides"].update({"train.max_steps": 120, "train.validate_every": 10,
+                                "train.threads": 1})
+    path.write_text(yaml.safe_dump(config))
+    cell = "runs/reverse/TransF/seed1"
+
+    def experiment(out, work):
+        argv = [sys.executable, "-m", "ranmt", "experiment", str(path), "--out", str(out),
+                "--work", str(work)]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    straight = experiment(tmp_path / "straight" / "grid", tmp_path / "work-straight")
+    assert straight.wait(timeout=600) == 0, straight.stderr.read().decode()
+
+    work = tmp_path / "work"
+    run_dir = work / "grid" / cell / "run"
+    stopped = experiment(tmp_path / "checkout-a" / "grid", work)
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints/step_00000020/checkpoint.json").exists():
+        assert time.time() < deadline and stopped.poll() is None
+        time.sleep(0.02)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=120) == 130, stopped.stderr.read().decode()
+    assert not (tmp_path / "checkout-a" / "grid" / cell / "cell.json").exists()
+    assert not (tmp_path / "checkout-a" / "grid" / cell / "run").exists()
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved and saved[-1] < "step_00000120"  # stopped before the end
+
+    # Another checkout: the grid's committed files only (no run folder, no lock).
+    shutil.copytree(tmp_path / "checkout-a" / "grid", tmp_path / "checkout-b" / "grid",
+                    ignore=shutil.ignore_patterns("run", "lock"))
+    calls = _count_trainings(monkeypatch)
+    monkeypatch.setenv("RANMT_WORK_DIR", str(work))
+    main(["experiment", str(path), "--out", str(tmp_path / "checkout-b" / "grid")])
+    assert calls == [str(run_dir)]
+    assert os.path.isfile(tmp_path / "checkout-b" / "grid" / cell / "cell.json")
+
+    ours = json.loads((tmp_path / "checkout-b" / "grid" / cell / "cell.json").read_text())
+    theirs = json.loads((tmp_path / "straight" / "grid" / cell / "cell.json").read_text())
+    assert ours["train"]["steps"] == theirs["train"]["steps"] == 120
+    assert ours["train"]["validations"] == theirs["train"]["validations"]
+    assert ours["train"]["best_step"] == theirs["train"]["best_step"]
+    straight_run = tmp_path / "work-straight" / "grid" / cell / "run"
+    for folder in ("best", "checkpoints/step_00000120"):
+        a = load_file(run_dir / folder / "model.safetensors")
+        b = load_file(straight_run / folder / "model.safetensors")
+        assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    assert (tmp_path / "checkout-b" / "grid" / cell / "test.hyp").read_bytes() == \
+        (tmp_path / "straight" / "grid" / cell / "test.hyp").read_bytes()
+    assert "resum" in (tmp_path / "checkout-b" / "grid" / cell / "train.log").read_text()
+    shutil.rmtree(work)  # the tables need only the checkout's cell.json and hypotheses
+    main(["experiment", str(path), "--out", str(tmp_path / "checkout-b" / "grid"),
+          "--tables-only"])

@@ -188,7 +188,7 @@ def _cmd_experiment(args) -> None:
     try:
         run_experiment(args.config, log=_info, out=args.out, variants=args.variants,
                        seeds=args.seeds, tables_only=args.tables_only,
-                       reuse_from=args.reuse, baselines=args.baseline)
+                       reuse_from=args.reuse, baselines=args.baseline, work=args.work)
     except KeyboardInterrupt as err:
         _info(f"interrupted: {err}" if str(err) else "interrupted")
         raise
@@ -412,6 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compare every variant against these variants of the grid "
                         "(results.vs-NAME.md|json beside results.md; with --tables-only "
                         "nothing is trained)")
+    p.add_argument("--work", metavar="DIR",
+                   help="keep the cells' run folders (checkpoints, trainer state) under "
+                        "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
+                        "that a stopped cell resumes from another checkout of the grid "
+                        "(default: $RANMT_WORK_DIR, else beside cell.json)")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")

@@ -51,7 +51,10 @@ A worker stopped by SIGTERM/SIGINT saves the cell's checkpoint and exits (status
 without recording the cell: rerunning resumes it. ``--out DIR`` overrides the file's
 ``out``; pointing it inside the repository (with the checkpoints and prepared data
 git-ignored) keeps finished cells, whose ``cell.json`` and hypotheses are all the tables
-need, across machines and sessions.
+need, across machines and sessions. ``--work DIR`` (or ``$RANMT_WORK_DIR``) keeps the run
+folders themselves outside the checkout, under ``DIR/<out's folder name>/runs/...``: a cell
+stopped mid-training (a SIGTERM, a preempted job, a fresh clone) resumes there from its
+last checkpoint, from any checkout of the grid.
 
 Experiment file (YAML)::
 
@@ -102,6 +105,9 @@ from ranmt.evaluate import TASK_METRICS, paired_bootstrap, score
 from ranmt.train import fill_config_from_data, train
 from ranmt.translator import Translator
 
+# Environment variable naming the work folder (``ranmt experiment --work``).
+WORK_ENV = "RANMT_WORK_DIR"
+
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
              "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 LOWER_IS_BETTER = {"ter"}
@@ -137,6 +143,7 @@ class Experiment:
     bootstrap_samples: int = 1000
     alpha: float = 0.05
     path: Path | None = None
+    work: Path | None = None  # run folders outside ``out`` (--work / RANMT_WORK_DIR)
 
 
 def load_experiment(path: str | Path) -> Experiment:
@@ -228,12 +235,13 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
     """Train (or resume) one cell, decode and score every test set; write cell.json."""
     cfg = _cell_config(experiment, variant, seed)
     started = time.monotonic()
-    summary = train(cfg, data_dir, cell_dir / "run")
+    run_dir = _run_dir(experiment, dataset.name, variant["name"], seed)
+    summary = train(cfg, data_dir, run_dir)
     if str(summary.get("stop_reason", "")).endswith("received"):
         raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
                               "the checkpoint is saved, rerun `ranmt experiment` to resume")
     decode = {k: v for k, v in experiment.decode.items()}
-    translator = Translator.load(cell_dir / "run", **decode)
+    translator = Translator.load(run_dir, **decode)
     meta = load_meta(data_dir)
     metrics = TASK_METRICS[dataset.task]
     tests = {}
@@ -256,10 +264,10 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
             "parameters": summary["parameters"], "tests": tests,
             "config": to_dict(translator.config),
             "wall_seconds": time.monotonic() - started}
-    warm_file = cell_dir / "run" / "warm_start.json"
+    warm_file = run_dir / "warm_start.json"
     if warm_file.is_file():  # steps 1..N came from another grid's cell (find_warm_start)
         cell["warm_started_from"] = json.loads(warm_file.read_text(encoding="utf-8"))
-    log_file = cell_dir / "run" / "train.log"
+    log_file = run_dir / "train.log"
     if log_file.is_file():  # the run folder is not kept in git; the log is small
         shutil.copyfile(log_file, cell_dir / "train.log")
     (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
@@ -424,7 +432,8 @@ def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed:
             continue
         if _same_data(data_dir, source / "data" / cell["dataset"], []) is not None:
             continue
-        for checkpoint in reversed(step_checkpoints(cell_file.parent / "run")):
+        source_run = _source_run_dir(source, cell_file.parent, experiment.work)
+        for checkpoint in reversed(step_checkpoints(source_run)):
             trainer = json.loads((checkpoint / "checkpoint.json").read_text(
                 encoding="utf-8")).get("trainer", {})
             if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
@@ -529,6 +538,30 @@ def significance_marks(comparison: dict) -> str:
 
 def _cell_dir(experiment: Experiment, dataset: str, variant: str, seed: int) -> Path:
     return experiment.out / "runs" / dataset / variant / f"seed{seed}"
+
+
+def _work_run_dir(work: Path, out: Path, cell_path: Path) -> Path:
+    """A run folder under the work folder: ``WORK/<out's folder name>/runs/<dataset>/
+    <variant>/seed<N>/run``, so that two checkouts of one grid share their run folders."""
+    return work / out.resolve().name / cell_path / "run"
+
+
+def _run_dir(experiment: Experiment, dataset: str, variant: str, seed: int) -> Path:
+    """Where a cell trains (checkpoints, trainer state, train.log): ``<cell>/run`` beside
+    its cell.json, or under the work folder when one is set (:func:`_work_run_dir`)."""
+    cell_dir = _cell_dir(experiment, dataset, variant, seed)
+    if experiment.work is None:
+        return cell_dir / "run"
+    return _work_run_dir(experiment.work, experiment.out, cell_dir.relative_to(experiment.out))
+
+
+def _source_run_dir(source: Path, cell_dir: Path, work: Path | None) -> Path:
+    """The run folder of a finished cell of another grid (``--reuse``): beside it, else
+    under the work folder."""
+    beside = cell_dir / "run"
+    if work is None or beside.is_dir():
+        return beside
+    return _work_run_dir(work, source, cell_dir.relative_to(source))
 
 
 def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
@@ -701,7 +734,8 @@ def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, floa
     if history:
         return [(v["step"], v["valid_bleu"]) for v in history if "valid_bleu" in v]
     cell_dir = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
-    for log_file in (cell_dir / "train.log", cell_dir / "run" / "train.log"):
+    run_dir = _run_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
+    for log_file in (cell_dir / "train.log", run_dir / "train.log"):
         if log_file.is_file():
             points = {int(step): float(bleu) for step, bleu in
                       _VALIDATE_LINE.findall(log_file.read_text(encoding="utf-8"))}
@@ -882,7 +916,8 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                    variants: list[str] | None = None, seeds: list[int] | None = None,
                    tables_only: bool = False,
                    reuse_from: list[str | Path] | None = None,
-                   baselines: list[str] | None = None) -> dict:
+                   baselines: list[str] | None = None,
+                   work: str | Path | None = None) -> dict:
     """Run (or resume) the whole grid, cooperating with other workers; return the results.
 
     ``out`` overrides the experiment file's output directory; ``variants`` / ``seeds``
@@ -890,7 +925,9 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     ``tables_only`` trains nothing and rewrites the tables; ``reuse_from`` lists output
     folders of other grids whose finished cells are copied instead of trained where they
     are the very same training (:func:`find_reusable_cell`); ``baselines`` names variants
-    to compare against besides the grid's baseline (:func:`write_comparison`). A signal
+    to compare against besides the grid's baseline (:func:`write_comparison`); ``work``
+    (default ``$RANMT_WORK_DIR``) keeps the cells' run folders outside ``out``
+    (:func:`_run_dir`), where a fresh checkout of the grid finds and resumes them. A signal
     during training raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the
     cell's checkpoint is saved and its lock released; the cell is not recorded as finished.
     """
@@ -903,6 +940,8 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
             raise ConfigError(f"--reuse {folder}: not a grid's output folder (no runs/ in it)")
     if out is not None:
         experiment.out = Path(out)
+    work = work or os.environ.get(WORK_ENV) or None
+    experiment.work = Path(work).expanduser().resolve() if work else None
     root = experiment.out
     root.mkdir(parents=True, exist_ok=True)
     # Seed-major: every variant's first seed runs before any second seed, so that a grid
@@ -936,9 +975,10 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 log(f"{label}: the same training as the finished cell {reusable[0]}, "
                     "reused (nothing trained)")
             else:
-                if reuse_from and not step_checkpoints(cell_dir / "run"):
+                run_dir = _run_dir(experiment, dataset.name, variant["name"], seed)
+                if reuse_from and not step_checkpoints(run_dir):
                     found = _warm_start_if_possible(experiment, data_dir, variant, seed,
-                                                    reuse_from, cell_dir / "run", log)
+                                                    reuse_from, run_dir, log)
                     if found is not None:
                         log(f"{label}: warm start from {found[0]} (step {found[1]['step']}, "
                             "a step of this very training)")

@@ -183,6 +183,6 @@ def test_prepare_progress_bar_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     main(argv + ["--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
-    assert "encoding" in err and "320/320" in err
+    assert "reading" in err and "encoding train" in err and "300/300" in err
     main(argv + ["--out", str(tmp_path / "b"), "--quiet"])
     assert "encoding" not in capsys.readouterr().err

@@ -33,9 +33,18 @@ def _cmd_prepare(args) -> None:
         raise ValueError("--vocab-size must be at least 8")
     if args.max_positions < 2:
         raise ValueError("--max-positions must be at least 2")
+    if args.spm_model and (args.spm_src or args.spm_tgt):
+        raise ValueError("give --spm-model (one joint model) or --spm-src and --spm-tgt")
+    if bool(args.spm_src) != bool(args.spm_tgt):
+        raise ValueError("--spm-src and --spm-tgt go together")
+    spm_models = ((args.spm_model, args.spm_model) if args.spm_model else
+                  (args.spm_src, args.spm_tgt) if args.spm_src else None)
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {args.workers}")
     prepare(args.src, args.tgt, args.train, args.valid, args.out, tests, args.vocab_size,
             not args.separate, args.model_type, args.max_positions, args.errors, log=_info,
-            progress=not args.quiet and sys.stderr.isatty())
+            progress=not args.quiet and sys.stderr.isatty(), spm_sample=args.spm_sample,
+            spm_models=spm_models, max_ratio=args.max_ratio, workers=args.workers)
 
 
 def _cmd_train(args) -> None:
@@ -323,7 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="train SentencePiece and encode a parallel corpus")
     p.add_argument("--src", required=True, help="source language suffix, e.g. en")
     p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
-    p.add_argument("--train", required=True, help="training prefix (PREFIX.SRC, PREFIX.TGT)")
+    p.add_argument("--train", required=True, nargs="+", action="extend", metavar="PREFIX",
+                   help="training prefix(es): PREFIX.SRC / PREFIX.TGT, plain or .gz/.xz/.bz2; "
+                        "several (or --train repeated) are concatenated, with per-corpus "
+                        "counts in meta.json")
     p.add_argument("--valid", required=True, help="validation prefix")
     p.add_argument("--test", action="append", metavar="NAME=PREFIX", help="test split(s)")
     p.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
@@ -336,6 +348,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop training pairs longer than this many subwords (EOS included)")
     p.add_argument("--errors", default="strict", choices=["strict", "replace"],
                    help="invalid UTF-8: fail (default) or replace")
+    p.add_argument("--max-ratio", type=float, metavar="R",
+                   help="also drop training pairs whose longer side has more than R times "
+                        "the subwords of the shorter (off by default; WMT setups use 1.5-9)")
+    p.add_argument("--spm-sample", type=int, default=2_000_000, metavar="N",
+                   help="train SentencePiece on a uniform sample of at most N sentences "
+                        "(one seeded pass; default 2,000,000)")
+    p.add_argument("--spm-model", metavar="MODEL",
+                   help="encode with this existing (joint) SentencePiece model instead of "
+                        "training one: fine-tuning data, back-translations, corpus shards")
+    p.add_argument("--spm-src", metavar="MODEL", help="existing source-side model")
+    p.add_argument("--spm-tgt", metavar="MODEL", help="existing target-side model")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="encoding processes (default: the cores)")
     p.add_argument("--out", required=True, help="prepared-data directory")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (shown on stderr when it is a terminal)")

@@ -13,7 +13,10 @@ A prepared-data directory holds:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -21,28 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from ranmt.data.text import read_lines, write_lines
+from ranmt.data.stream import (
+    ChunkEncoder,
+    PairReservoir,
+    ParallelLengthError,
+    TokenWriter,
+    chunked,
+    iter_parallel,
+    resolve,
+)
+from ranmt.data.text import read_lines
 from ranmt.data.vocab import Vocab, train_sentencepiece
 
 
 class PrepareError(ValueError):
     pass
-
-
-def read_parallel(prefix: str, src: str, tgt: str, errors: str = "strict"):
-    """(source lines, target lines) of PREFIX.SRC / PREFIX.TGT, checking their line counts."""
-    src_path, tgt_path = Path(f"{prefix}.{src}"), Path(f"{prefix}.{tgt}")
-    src_lines = read_lines(src_path, errors)
-    tgt_lines = read_lines(tgt_path, errors)
-    if len(src_lines) != len(tgt_lines):
-        raise PrepareError(f"parallel files differ in length: {src_path} has "
-                           f"{len(src_lines)} lines, {tgt_path} has {len(tgt_lines)}")
-    if not src_lines:
-        raise PrepareError(f"{src_path} and {tgt_path} are empty")
-    return [s.strip() for s in src_lines], [t.strip() for t in tgt_lines]
 
 
 class TokenSequences(Sequence):
@@ -89,21 +87,6 @@ class EncodedSplit:
         return of(self.src), of(self.tgt)
 
 
-def _pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(s) for s in seqs])
-    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
-    return flat, offsets
-
-
-def save_split(path: Path, src: list[list[int]], tgt: list[list[int]]) -> None:
-    """Write ``SPLIT.{src,tgt}.{tokens,offsets}.npy`` (``path`` is ``DIR/SPLIT``)."""
-    for side, seqs in (("src", src), ("tgt", tgt)):
-        flat, offsets = _pack(seqs)
-        np.save(f"{path}.{side}.tokens.npy", flat)
-        np.save(f"{path}.{side}.offsets.npy", offsets)
-
-
 def load_split(data_dir: str | Path, split: str) -> EncodedSplit:
     """An encoded split, memory-mapped (``.npy``; ``.safetensors`` of older data is read)."""
     base = Path(data_dir) / split
@@ -114,6 +97,8 @@ def load_split(data_dir: str | Path, split: str) -> EncodedSplit:
         return EncodedSplit(*sides)
     legacy = Path(f"{base}.safetensors")
     if legacy.is_file():
+        from safetensors.torch import load_file  # torch only for this old format
+
         tensors = load_file(str(legacy))
         return EncodedSplit(
             TokenSequences(tensors["src_tokens"].numpy(), tensors["src_offsets"].numpy()),
@@ -141,33 +126,61 @@ def raw_text(data_dir: str | Path, split: str, side: str) -> list[str]:
     return read_lines(Path(data_dir) / f"{split}.{side}.txt")
 
 
-def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
+def prepare(src: str, tgt: str, train: str | Sequence[str], valid: str, out: str | Path,
             tests: dict[str, str] | None = None, vocab_size: int = 8000, joint: bool = True,
             model_type: str = "bpe", max_positions: int = 256, errors: str = "strict",
-            log=print, progress: bool = False) -> dict:
-    """Train SentencePiece, encode every split, write a prepared-data directory; return meta
-    (``progress``: a bar over the sentences encoded, on stderr)."""
+            log=print, progress: bool = False, *, spm_sample: int = 2_000_000,
+            spm_models: tuple[str | Path, str | Path] | None = None,
+            max_ratio: float | None = None, workers: int | None = None,
+            chunk_size: int = 20_000, sample_seed: int = 1) -> dict:
+    """Train SentencePiece, encode every split, write a prepared-data directory; return meta.
+
+    Streaming (:mod:`ranmt.data.stream`): ``train`` (one prefix or several, concatenated)
+    is read twice, line by line — once to draw SentencePiece's training text, a uniform
+    sample of at most ``spm_sample`` sentences, once to encode — and every split is encoded
+    in chunks of ``chunk_size`` pairs by ``workers`` processes (default: the cores) and
+    written as it comes, so memory does not grow with the corpus. ``spm_models`` (source,
+    target) encodes with existing SentencePiece models instead of training (one file twice
+    for a joint vocabulary). Training pairs with an empty side, longer than
+    ``max_positions`` subwords (EOS included) or, with ``max_ratio``, whose longer side has
+    more than ``max_ratio`` times the subwords of the shorter are dropped and counted.
+    Atomic: the output appears whole or not at all. ``progress``: bars on stderr.
+    """
     out = Path(out)
     if src == tgt:
         raise PrepareError("source and target languages must differ")
+    if spm_sample < 2:
+        raise PrepareError(f"--spm-sample must be at least 2, not {spm_sample}")
+    if max_ratio is not None and max_ratio < 1:
+        raise PrepareError(f"--max-ratio must be at least 1, not {max_ratio}")
+    corpora = [train] if isinstance(train, (str, Path)) else list(train)
+    if not corpora:
+        raise PrepareError("at least one training corpus is needed")
     tests = tests or {}
-    train_src, train_tgt = read_parallel(train, src, tgt, errors)
-    keep = [i for i, (s, t) in enumerate(zip(train_src, train_tgt)) if s and t]
-    empty = len(train_src) - len(keep)
-    if empty:
-        log(f"train: dropped {empty} pair(s) with an empty side")
-    train_src = [train_src[i] for i in keep]
-    train_tgt = [train_tgt[i] for i in keep]
-    if not train_src:
-        raise PrepareError(f"no non-empty training pairs in {train}.{src} / {train}.{tgt}")
+    for name in tests:
+        if name in ("train", "valid"):
+            raise PrepareError(f"test split name '{name}' clashes with train/valid")
+    settings = _Settings(src, tgt, [str(c) for c in corpora], errors, max_positions,
+                         max_ratio, chunk_size, workers or available_cores(), progress, log)
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        meta = _prepare_into(tmp, src, tgt, train_src, train_tgt, valid, tests, vocab_size,
-                             joint, model_type, max_positions, errors, empty, log,
-                             progress)
+        if spm_models is None:
+            read, empty = _train_vocabulary(tmp, settings, vocab_size, joint, model_type,
+                                            spm_sample, sample_seed)
+            # No more worker processes than training chunks (none for a small corpus).
+            settings.workers = min(settings.workers, -(-read // chunk_size))
+            settings.train_pairs = read - empty
+        else:
+            joint = _copy_vocabulary(tmp, *spm_models)
+            vocab_size, empty = None, None
+        meta = _encode_splits(tmp, settings, valid, tests, vocab_size, joint, model_type,
+                              empty)
+        if spm_models is not None:
+            meta["spm_models_from"] = [str(Path(m).resolve()) for m in spm_models]
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # leave no partial output behind
         raise
@@ -178,60 +191,209 @@ def prepare(src: str, tgt: str, train: str, valid: str, out: str | Path,
     return meta
 
 
-def _prepare_into(tmp: Path, src, tgt, train_src, train_tgt, valid, tests, vocab_size, joint,
-                  model_type, max_positions, errors, empty, log, progress=False) -> dict:
-    """The body of :func:`prepare`, writing into the temporary directory ``tmp``."""
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class _Settings:
+    """What every pass of :func:`prepare` needs to know."""
+    src: str
+    tgt: str
+    corpora: list[str]
+    errors: str
+    max_positions: int
+    max_ratio: float | None
+    chunk_size: int
+    workers: int
+    progress: bool
+    log: object
+    train_pairs: int | None = None  # non-empty training pairs, once the first pass counted
+
+    def pairs(self, prefix: str):
+        """The pairs of one corpus; a corpus with no line at all is an error."""
+        empty = True
+        try:
+            for pair in iter_parallel(prefix, self.src, self.tgt, self.errors):
+                empty = False
+                yield pair
+        except ParallelLengthError as err:
+            raise PrepareError(str(err)) from None
+        if empty:
+            raise PrepareError(f"{resolve(f'{prefix}.{self.src}')} and "
+                               f"{resolve(f'{prefix}.{self.tgt}')} are empty")
+
+    def bar(self, desc: str, total: int | None = None) -> tqdm:
+        return tqdm(total=total, unit="pair", desc=desc, file=sys.stderr,
+                    disable=not self.progress, unit_scale=True)
+
+
+def _train_vocabulary(tmp: Path, settings: _Settings, vocab_size: int, joint: bool,
+                      model_type: str, spm_sample: int, seed: int) -> tuple[int, int]:
+    """First pass over the training corpora: count pairs with an empty side, draw the
+    SentencePiece sample (``spm_sample`` sentences: half as many pairs for a joint
+    vocabulary), train the model(s) into ``tmp``. Returns (pairs read, pairs with an empty
+    side)."""
+    reservoir = PairReservoir(spm_sample // 2 if joint else spm_sample, seed)
+    read = empty = 0
+    with settings.bar("reading") as bar:
+        for prefix in settings.corpora:
+            for source, target in settings.pairs(prefix):
+                read += 1
+                if source and target:
+                    reservoir.add(source, target)
+                else:
+                    empty += 1
+                if read % 10_000 == 0:
+                    bar.update(10_000)
+        bar.update(read % 10_000)
+    if empty:
+        settings.log(f"train: dropped {empty} pair(s) with an empty side")
+    if not reservoir.seen:
+        raise PrepareError("no non-empty training pairs in "
+                           + ", ".join(f"{c}.{settings.src} / {c}.{settings.tgt}"
+                                       for c in settings.corpora))
+    if reservoir.seen > reservoir.capacity:
+        settings.log(f"SentencePiece: training on a uniform sample of {reservoir.capacity:,} "
+                     f"of {reservoir.seen:,} pairs (--spm-sample)")
+    sample_src, sample_tgt = reservoir.sample()
+    del reservoir
     if joint:
-        train_sentencepiece(train_src + train_tgt, tmp / "spm.src.model", vocab_size, model_type)
+        train_sentencepiece(sample_src + sample_tgt, tmp / "spm.src.model", vocab_size,
+                            model_type)
         shutil.copyfile(tmp / "spm.src.model", tmp / "spm.tgt.model")
     else:
-        train_sentencepiece(train_src, tmp / "spm.src.model", vocab_size, model_type)
-        train_sentencepiece(train_tgt, tmp / "spm.tgt.model", vocab_size, model_type)
+        train_sentencepiece(sample_src, tmp / "spm.src.model", vocab_size, model_type)
+        train_sentencepiece(sample_tgt, tmp / "spm.tgt.model", vocab_size, model_type)
+    return read, empty
+
+
+def _copy_vocabulary(tmp: Path, src_model: str | Path, tgt_model: str | Path) -> bool:
+    """Use existing SentencePiece models; returns whether they are one (joint) vocabulary."""
+    for model, side in ((src_model, "src"), (tgt_model, "tgt")):
+        Vocab(model)  # a clear error for a missing file or other special ids
+        shutil.copyfile(model, tmp / f"spm.{side}.model")
+    return (tmp / "spm.src.model").read_bytes() == (tmp / "spm.tgt.model").read_bytes()
+
+
+def _encode_splits(tmp: Path, settings: _Settings, valid: str, tests: dict[str, str],
+                   vocab_size: int | None, joint: bool, model_type: str,
+                   empty: int | None) -> dict:
+    """Second pass: encode train (filtered), valid and the test sets into ``tmp``."""
     src_vocab, tgt_vocab = Vocab(tmp / "spm.src.model"), Vocab(tmp / "spm.tgt.model")
-    log(f"vocabulary: {'joint' if joint else 'separate'} {model_type}, "
-        f"source {len(src_vocab)}, target {len(tgt_vocab)}")
-
-    splits = {"train": (train_src, train_tgt), "valid": read_parallel(valid, src, tgt, errors)}
-    for name, prefix in tests.items():
-        if name in splits:
-            raise PrepareError(f"test split name '{name}' clashes with train/valid")
-        splits[name] = read_parallel(prefix, src, tgt, errors)
-
-    meta: dict = {"src_lang": src, "tgt_lang": tgt, "joint_vocab": joint,
+    settings.log(f"vocabulary: {'joint' if joint else 'separate'} {model_type}, "
+                 f"source {len(src_vocab)}, target {len(tgt_vocab)}")
+    meta: dict = {"src_lang": settings.src, "tgt_lang": settings.tgt, "joint_vocab": joint,
                   "model_type": model_type, "vocab_size_requested": vocab_size,
                   "src_vocab_size": len(src_vocab), "tgt_vocab_size": len(tgt_vocab),
-                  "max_positions": max_positions, "dropped_empty": empty, "splits": {}}
-    bar = tqdm(total=sum(len(pair[0]) for pair in splits.values()), unit="sent",
-               desc="encoding", file=sys.stderr, disable=not progress)
-    for name, (src_lines, tgt_lines) in splits.items():
-        src_ids, tgt_ids = src_vocab.encode(src_lines), tgt_vocab.encode(tgt_lines)
-        bar.update(len(src_lines))
-        too_long = 0
-        if name == "train":
-            # +1: the EOS appended to each side must fit into max_positions as well.
-            kept = [i for i in range(len(src_ids))
-                    if len(src_ids[i]) + 1 <= max_positions and len(tgt_ids[i]) + 1
-                    <= max_positions]
-            too_long = len(src_ids) - len(kept)
-            if too_long:
-                log(f"train: dropped {too_long} pair(s) longer than {max_positions - 1} "
-                    "subwords (max_positions includes EOS)")
-            src_ids = [src_ids[i] for i in kept]
-            tgt_ids = [tgt_ids[i] for i in kept]
-            src_lines = [src_lines[i] for i in kept]
-            tgt_lines = [tgt_lines[i] for i in kept]
-        save_split(tmp / name, src_ids, tgt_ids)
-        write_lines(tmp / f"{name}.src.txt", src_lines)
-        write_lines(tmp / f"{name}.tgt.txt", tgt_lines)
-        src_mean = float(np.mean([len(s) for s in src_ids])) if src_ids else 0.0
-        tgt_mean = float(np.mean([len(t) for t in tgt_ids])) if tgt_ids else 0.0
-        meta["splits"][name] = {"pairs": len(src_ids), "dropped_too_long": too_long,
-                                "src_mean_len": src_mean, "tgt_mean_len": tgt_mean,
-                                "src_max_len": max((len(s) for s in src_ids), default=0),
-                                "tgt_max_len": max((len(t) for t in tgt_ids), default=0)}
-        log(f"{name}: {len(src_ids)} pairs, mean length {src_mean:.1f} -> {tgt_mean:.1f}")
-    bar.close()
+                  "max_positions": settings.max_positions, "dropped_empty": empty,
+                  "splits": {}}
+    with ChunkEncoder(tmp / "spm.src.model", tmp / "spm.tgt.model",
+                      settings.workers) as encoder:
+        split_meta, corpora = _encode_split(tmp, "train", settings, encoder,
+                                            settings.corpora, filtered=True)
+        meta["splits"]["train"] = split_meta
+        if meta["dropped_empty"] is None:  # existing vocabulary: counted in this pass
+            meta["dropped_empty"] = sum(c["dropped_empty"] for c in corpora)
+        if len(corpora) > 1:
+            meta["train_corpora"] = corpora
+        for name, prefix in {"valid": valid, **tests}.items():
+            meta["splits"][name], _ = _encode_split(tmp, name, settings, encoder, [prefix],
+                                                    filtered=False)
     train_meta = meta["splits"]["train"]
+    if not train_meta["pairs"]:
+        raise PrepareError("every training pair was dropped by the filters")
     meta["gamma"] = train_meta["src_mean_len"] / max(train_meta["tgt_mean_len"], 1e-9)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
+
+
+def _chunks(settings: _Settings, corpora: list[str], counts: list[dict], filtered: bool):
+    """(corpus index, source lines, target lines) chunks; with ``filtered`` pairs with an
+    empty side are left out (and counted in ``counts``)."""
+    for index, prefix in enumerate(corpora):
+        pairs = settings.pairs(prefix)
+        if filtered:
+            def non_empty(pairs=pairs, count=counts[index]):
+                for source, target in pairs:
+                    count["read"] += 1
+                    if source and target:
+                        yield source, target
+                    else:
+                        count["dropped_empty"] += 1
+            pairs = non_empty()
+        for src_lines, tgt_lines in chunked(pairs, settings.chunk_size):
+            yield index, src_lines, tgt_lines
+
+
+def _keep_mask(settings: _Settings, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
+               drops: dict) -> np.ndarray:
+    """Which pairs of a training chunk pass the length (and ratio) filters; counts drops."""
+    # +1: the EOS appended to each side must fit into max_positions as well.
+    keep = ((src_lengths + 1 <= settings.max_positions)
+            & (tgt_lengths + 1 <= settings.max_positions))
+    drops["too_long"] += int((~keep).sum())
+    if settings.max_ratio is not None:
+        longer = np.maximum(src_lengths, tgt_lengths)
+        shorter = np.maximum(np.minimum(src_lengths, tgt_lengths), 1)
+        skewed = keep & (longer > settings.max_ratio * shorter)
+        drops["ratio"] += int(skewed.sum())
+        keep &= ~skewed
+    return keep
+
+
+def _encode_split(tmp: Path, name: str, settings: _Settings, encoder: ChunkEncoder,
+                  corpora: list[str], filtered: bool) -> tuple[dict, list[dict]]:
+    """Encode one split (its corpora concatenated) into ``tmp/NAME.*``; returns its meta
+    entry and per-corpus counts."""
+    counts = [{"prefix": c, "read": 0, "dropped_empty": 0, "pairs": 0} for c in corpora]
+    drops = {"too_long": 0, "ratio": 0}
+    writers = TokenWriter(tmp / f"{name}.src"), TokenWriter(tmp / f"{name}.tgt")
+    try:
+        total = settings.train_pairs if name == "train" else None
+        with contextlib.ExitStack() as stack, settings.bar(f"encoding {name}", total) as bar:
+            texts = [stack.enter_context(open(tmp / f"{name}.{side}.txt", "w",
+                                              encoding="utf-8", newline="\n"))
+                     for side in ("src", "tgt")]
+            for index, src_lines, tgt_lines, encoded in encoder.map(
+                    _chunks(settings, corpora, counts, filtered)):
+                src_flat, src_lengths, tgt_flat, tgt_lengths = encoded
+                if filtered:
+                    keep = _keep_mask(settings, src_lengths, tgt_lengths, drops)
+                    if not keep.all():
+                        src_flat = src_flat[np.repeat(keep, src_lengths)]
+                        tgt_flat = tgt_flat[np.repeat(keep, tgt_lengths)]
+                        src_lengths, tgt_lengths = src_lengths[keep], tgt_lengths[keep]
+                        src_lines = list(itertools.compress(src_lines, keep))
+                        tgt_lines = list(itertools.compress(tgt_lines, keep))
+                writers[0].write(src_flat, src_lengths)
+                writers[1].write(tgt_flat, tgt_lengths)
+                for handle, lines in zip(texts, (src_lines, tgt_lines)):
+                    handle.write("".join(line + "\n" for line in lines))
+                counts[index]["pairs"] += len(src_lines)
+                bar.update(len(encoded[1]))
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        raise
+    for writer in writers:
+        writer.close()
+    if drops["too_long"]:
+        settings.log(f"{name}: dropped {drops['too_long']} pair(s) longer than "
+                     f"{settings.max_positions - 1} subwords (max_positions includes EOS)")
+    if drops["ratio"]:
+        settings.log(f"{name}: dropped {drops['ratio']} pair(s) whose longer side has more "
+                     f"than {settings.max_ratio:g} times the subwords of the shorter "
+                     "(--max-ratio)")
+    pairs = writers[0].count
+    src_mean = writers[0].total / pairs if pairs else 0.0
+    tgt_mean = writers[1].total / pairs if pairs else 0.0
+    entry = {"pairs": pairs, "dropped_too_long": drops["too_long"],
+             "src_mean_len": src_mean, "tgt_mean_len": tgt_mean,
+             "src_max_len": writers[0].longest, "tgt_max_len": writers[1].longest}
+    if settings.max_ratio is not None and filtered:
+        entry["dropped_ratio"] = drops["ratio"]
+    settings.log(f"{name}: {pairs} pairs, mean length {src_mean:.1f} -> {tgt_mean:.1f}")
+    return entry, counts

@@ -516,6 +516,8 @@ def validate(cfg: Config) -> None:
     for key in ("max_steps", "max_epochs", "warmup_steps", "keep_last", "patience"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key} must be non-negative")
+    if t.validate_every < 1:  # 0 once crashed the trainer (modulo by zero) at its first step
+        raise ConfigError("train.validate_every must be >= 1 (a run also validates at its end)")
     parse_duration(t.max_time)
     if cfg.data.max_tokens < 1:
         raise ConfigError("data.max_tokens must be >= 1")

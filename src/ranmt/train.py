@@ -211,6 +211,8 @@ class TrainingRun:
     """
 
     def __init__(self, cfg: Config, data_dir: str | Path, run_dir: str | Path):
+        self.created = time.monotonic()
+        self.seconds_to_first_step: float | None = None  # set-up + this process's 1st step
         self.cfg, self.t = cfg, cfg.train
         self.data_dir, self.run_dir = Path(data_dir), Path(run_dir)
         self._setup_config_from_data()
@@ -445,6 +447,8 @@ class TrainingRun:
 
     def _after_step(self) -> None:
         """Log, check the budgets (every rank decides alike), validate and checkpoint."""
+        if self.seconds_to_first_step is None:
+            self.seconds_to_first_step = time.monotonic() - self.created
         if self.step % self.t.log_every == 0:
             self._log_window()
         elapsed = time.monotonic() - self.start_time
@@ -557,6 +561,7 @@ class TrainingRun:
                    "validations": state.get("validations", []),
                    "train_tokens_per_s": tok_s, "parameters": self.params["total"],
                    "wall_time_s": time.monotonic() - self.start_time,
+                   "seconds_to_first_step": self.seconds_to_first_step,
                    "nonfinite_skipped": state["nonfinite_skipped"]}
         self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
                       f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "

@@ -43,3 +43,45 @@ def test_collate_shifts_targets():
     assert batch.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
     assert batch.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
     assert batch.target_tokens == 6
+
+
+def _reference_batches(src_lens, tgt_lens, max_tokens, max_sentences=0, seed=None, epoch=0,
+                       noise=0.0):
+    """ranmt 0.1's planner, a Python loop over every example: the vectorised one must match."""
+    src_lens = np.asarray(src_lens) + 1
+    tgt_lens = np.asarray(tgt_lens) + 1
+    count = len(src_lens)
+    rng = np.random.default_rng([seed, epoch]) if seed is not None else None
+    jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
+    order = np.lexsort((src_lens + jitter, tgt_lens + jitter))
+    batches, start, longest = [], 0, 0
+    for pos in range(count):
+        index = order[pos]
+        width = max(longest, src_lens[index], tgt_lens[index])
+        size = pos - start + 1
+        too_many = (width * size > max_tokens) or (max_sentences and size > max_sentences)
+        if too_many and pos > start:
+            batches.append(order[start:pos])
+            start, longest = pos, max(src_lens[index], tgt_lens[index])
+        else:
+            longest = width
+    batches.append(order[start:count])
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+@pytest.mark.parametrize("max_tokens,max_sentences,seed,noise", [
+    (300, 0, None, 0.0), (300, 0, 7, 1.0), (1000, 12, 3, 1.0), (40, 0, 5, 0.5),
+    (4096, 0, 11, 1.0)])
+def test_vectorised_planning_gives_the_reference_batches(max_tokens, max_sentences, seed,
+                                                         noise):
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 120, 5000)
+    tgt = np.clip(src + rng.integers(-20, 20, 5000), 0, 150)
+    src[:5] = 400  # wider than some budgets: a batch of its own
+    for epoch in (0, 1):
+        ours = make_batches(src, tgt, max_tokens, max_sentences, seed, epoch, noise)
+        theirs = _reference_batches(src, tgt, max_tokens, max_sentences, seed, epoch, noise)
+        assert len(ours) == len(theirs)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))

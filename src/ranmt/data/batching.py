@@ -24,6 +24,12 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
 
     With ``seed`` None the order is deterministic by length (for decoding); otherwise lengths
     get uniform noise in [0, noise) and batch order is shuffled with ``(seed, epoch)``.
+
+    Examples are visited in order of (target, source) length; a batch grows while its
+    ``size x widest`` stays within ``max_tokens`` (and its size within ``max_sentences``);
+    an example wider than ``max_tokens`` forms a batch of its own. Vectorised: one pass of
+    numpy operations per batch over a window no longer than the batch can be, never a
+    Python loop over the examples (:func:`_greedy_cuts`).
     """
     src_lens = np.asarray(src_lens) + 1  # + EOS
     tgt_lens = np.asarray(tgt_lens) + 1  # + BOS/EOS shift
@@ -33,24 +39,43 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     rng = np.random.default_rng([seed, epoch]) if seed is not None else None
     jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
     order = np.lexsort((src_lens + jitter, tgt_lens + jitter))
-    batches = []
-    start = 0
-    longest = 0
-    for pos in range(count):
-        index = order[pos]
-        width = max(longest, src_lens[index], tgt_lens[index])
-        size = pos - start + 1
-        too_many = (width * size > max_tokens) or (max_sentences and size > max_sentences)
-        if too_many and pos > start:
-            batches.append(order[start:pos])
-            start, longest = pos, max(src_lens[index], tgt_lens[index])
-        else:
-            longest = width
-    batches.append(order[start:count])
+    widths = np.maximum(src_lens, tgt_lens)[order]
+    cuts = _greedy_cuts(widths, max_tokens, max_sentences)
+    batches = np.split(order, cuts)
     if rng is not None:
         permutation = rng.permutation(len(batches))
         batches = [batches[i] for i in permutation]
     return batches
+
+
+def _greedy_cuts(widths: np.ndarray, max_tokens: int, max_sentences: int = 0) -> list[int]:
+    """Start positions (after the first) of the batches that greedily fill ``widths`` in
+    order: a batch ``[start, end)`` ends before the first position at which
+    ``(position - start + 1) x max(widths[start:position + 1])`` exceeds ``max_tokens``, or
+    its size exceeds ``max_sentences`` (when set), but holds at least one example.
+
+    A batch starting at ``start`` cannot hold more than ``max_tokens // widths[start]``
+    examples (the widest is at least as wide as the first), so each batch looks at that
+    many widths only.
+    """
+    count = len(widths)
+    cuts = []
+    start = 0
+    while True:
+        limit = max_tokens // max(int(widths[start]), 1) + 1
+        if max_sentences:
+            limit = min(limit, max_sentences + 1)
+        window = widths[start: start + max(limit, 2)]
+        sizes = np.arange(1, len(window) + 1)
+        over = np.maximum.accumulate(window) * sizes > max_tokens
+        if max_sentences:
+            over |= sizes > max_sentences
+        over[0] = False  # one example always fits (alone, if it must)
+        first = int(np.argmax(over)) if over.any() else len(window)
+        start += first
+        if start >= count:
+            return cuts
+        cuts.append(start)
 
 
 @dataclass

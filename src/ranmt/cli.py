@@ -14,10 +14,15 @@ import sys
 
 def _cmd_download(args) -> None:
     from ranmt.data.download import download_multi30k
+    from ranmt.data.wmt import available, download_wmt
 
-    if args.dataset != "multi30k":
-        raise ValueError(f"unknown dataset '{args.dataset}' (available: multi30k)")
-    download_multi30k(args.pair, args.out, args.source, log=_info)
+    if args.dataset == "multi30k":
+        download_multi30k(args.pair, args.out, args.source, log=_info)
+    elif args.dataset in available():
+        download_wmt(args.dataset, args.pair, args.out, args.source, log=_info)
+    else:
+        raise ValueError(f"unknown dataset '{args.dataset}' (available: multi30k, "
+                         f"{', '.join(available())})")
 
 
 def _cmd_prepare(args) -> None:
@@ -321,12 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("download", help="download a public corpus (multi30k)")
-    p.add_argument("dataset", help="multi30k")
+    p = sub.add_parser("download", help="download a public corpus (multi30k, wmt14, wmt17)")
+    p.add_argument("dataset", help="multi30k (en, de, fr, cs); wmt14 (en-de, en-fr); wmt17 "
+                                   "(en-lv, en-fi, en-tr); WMT pairs in either direction")
     p.add_argument("--pair", default="en-de", help="language pair, e.g. en-de, en-fr, en-cs")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--from", dest="source",
-                   help="local folder with the .gz files (default: $RANMT_DATA_DIR)")
+                   help="local folder with the files: Multi30k's .gz files (default: "
+                        "$RANMT_DATA_DIR), or the WMT archives under their official names "
+                        "(checksums verified; an interrupted download resumes on rerun)")
     p.set_defaults(func=_cmd_download)
 
     p = sub.add_parser("prepare", help="train SentencePiece and encode a parallel corpus")

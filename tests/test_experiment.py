@@ -85,22 +85,45 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     assert again["datasets"]["reverse"]["tests"]["test"]["scores"] == scores
 
 
-def test_every_shipped_experiment_config_is_valid():
-    """Each configs/experiments/*.yaml loads and every variant builds a valid config."""
+def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
+    """`ranmt experiment GRID --dry-run` on each configs/experiments/*.yaml: every cell's
+    config resolves and its model builds (counted on the meta device); nothing is written."""
     from pathlib import Path
 
-    from ranmt.config import load_config
-    from ranmt.experiment import load_experiment
+    from ranmt.plan import plan_experiment
 
     root = Path(__file__).resolve().parent.parent
     files = sorted((root / "configs" / "experiments").glob("*.yaml"))
-    assert len(files) >= 7
+    assert len(files) >= 9
     for path in files:
-        experiment = load_experiment(path)
-        for variant in experiment.variants:
-            overrides = {**experiment.overrides, **variant.get("overrides", {})}
-            load_config(root / experiment.base_config,
-                        {k: str(v) for k, v in overrides.items()})
+        plan = plan_experiment(path, out=tmp_path / path.stem, log=lambda _m: None)
+        assert plan["cells"] and all(c["parameters"] > 0 for c in plan["cells"])
+        assert not (tmp_path / path.stem).exists()
+    wmt = plan_experiment(root / "configs/experiments/wmt14_en_de.yaml", out=tmp_path / "w",
+                          log=lambda _m: None)
+    assert len(wmt["cells"]) == 21
+    assert {c["tokens_per_step_per_rank"] for c in wmt["cells"]} == {25_000}
+    assert "newstest2014" in wmt["datasets"]["wmt14-en-de"][0]
+
+
+def test_dry_run_of_the_german_english_grid(tmp_path, capsys):
+    """The second direction's grid: 4 variants x 3 seeds of de->en, checked and printed."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    main(["experiment", str(root / "configs/experiments/multi30k_de_en.yaml"), "--dry-run",
+          "--out", str(tmp_path / "de-en")])
+    out = capsys.readouterr().out
+    assert "= 12 cells" in out and "(de->en, vocabulary 8000 joint)" in out
+    assert [line.split()[0] for line in out.splitlines()[3:7]] == \
+        ["TransF", "RAN-D", "RAN-ALL", "HC-SA"]
+    assert "every cell checked (12)" in out and not (tmp_path / "de-en").exists()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((root / "configs/experiments/multi30k_de_en.yaml").read_text()
+                      .replace("model.arch: ran-d", "model.arch: ran-x"))
+    with pytest.raises(SystemExit):
+        main(["experiment", str(broken), "--dry-run", "--out", str(tmp_path / "b")])
+    assert "RAN-D / seed 1" in capsys.readouterr().err
 
 
 def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_path):
@@ -488,3 +511,52 @@ def test_a_cell_stopped_by_sigterm_resumes_from_another_checkout_bit_identical(
     shutil.rmtree(work)  # the tables need only the checkout's cell.json and hypotheses
     main(["experiment", str(path), "--out", str(tmp_path / "checkout-b" / "grid"),
           "--tables-only"])
+
+
+def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(tmp_path,
+                                                                             monkeypatch):
+    """Hand-made scores, five variants x three seeds, tables against TransF and against
+    TransF+AD: each cell of the SacreBLEU row shows mean ± std, the difference to that
+    table's baseline and the marks the rule gives (Welch p of equal-variance seeds: delta 4
+    -> 0.008, 3 -> 0.021, 2 -> 0.070, 1 -> 0.29)."""
+    from dataclasses import replace
+
+    from ranmt.experiment import Dataset, Experiment, build_tables
+
+    means = {"TransF": 31.0, "TransF+AD": 32.0, "RAN-ALL": 35.0, "HC-SA": 33.0, "RAN-E": 30.0}
+    weak = {("HC-SA", "TransF+AD", 2)}  # one seed's bootstrap not significant
+
+    def cell(variant, seed):
+        bleu = means[variant] + (seed - 2)  # seeds 1-3: mean - 1, mean, mean + 1 (std 1)
+        return {"dataset": "d", "variant": variant, "seed": seed, "parameters": 1000,
+                "tests": {"t": {"bleu": bleu, "sentences_per_s": 1.0,
+                                "target_tokens_per_s": 1.0}},
+                "train": {"steps": 10, "best_step": 5, "best_valid_bleu": bleu,
+                          "wall_time_s": 1.0, "train_tokens_per_s": 1.0}}
+
+    cells = [cell(v, s) for s in (1, 2, 3) for v in means]
+    experiment = Experiment(
+        name="five", out=tmp_path, datasets=[Dataset(name="d", src="s", tgt="t",
+                                                     tests={"t": "t"}, task="translation")],
+        variants=[{"name": v} for v in means], seeds=[1, 2, 3], baseline="TransF",
+        base_config=None, overrides={}, decode={}, alpha=0.05)
+    monkeypatch.setattr(experiment_module, "TASK_METRICS", {"translation": ["bleu"]})
+    monkeypatch.setattr(experiment_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(experiment_module, "_read_hyps",
+                        lambda e, c, t: [f"{c['variant']}|{c['seed']}"])
+
+    def fake_bootstrap(systems, refs, metrics, samples):
+        base, seed = systems[0][1][0].split("|")
+        variant = systems[1][1][0].split("|")[0]
+        p = 0.2 if (variant, base, int(seed)) in weak else 0.01
+        return {"systems": [{}, {"bleu_p": p}]}
+
+    monkeypatch.setattr(experiment_module, "paired_bootstrap", fake_bootstrap)
+    against_transf, _ = build_tables(experiment, cells)
+    against_ad, results = build_tables(replace(experiment, baseline="TransF+AD"), cells)
+    assert ("| SacreBLEU | 31.00 ± 1.00 | 32.00 ± 1.00 (+1.00) † | 35.00 ± 1.00 (+4.00) †‡ | "
+            "33.00 ± 1.00 (+2.00) † | 30.00 ± 1.00 (-1.00) † |") in against_transf
+    assert ("| SacreBLEU | 31.00 ± 1.00 (-1.00) † | 32.00 ± 1.00 | 35.00 ± 1.00 (+3.00) †‡ | "
+            "33.00 ± 1.00 (+1.00) | 30.00 ± 1.00 (-2.00) † |") in against_ad
+    welch = results["datasets"]["d"]["tests"]["t"]["significance"]["RAN-ALL"]["bleu"]
+    assert abs(welch["welch_p"] - 0.0213) < 1e-3

@@ -199,6 +199,11 @@ def _cmd_analyze(args) -> None:
 def _cmd_experiment(args) -> None:
     from ranmt.experiment import run_experiment
 
+    if args.dry_run:
+        from ranmt.plan import plan_experiment
+
+        plan_experiment(args.config, out=args.out, log=print)
+        return
     try:
         run_experiment(args.config, log=_info, out=args.out, variants=args.variants,
                        seeds=args.seeds, tables_only=args.tables_only,
@@ -445,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compare every variant against these variants of the grid "
                         "(results.vs-NAME.md|json beside results.md; with --tables-only "
                         "nothing is trained)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cells, resolved configs, parameter counts, tokens "
+                        "per step) and check every cell; train nothing")
     p.add_argument("--work", metavar="DIR",
                    help="keep the cells' run folders (checkpoints, trainer state) under "
                         "DIR/<out's folder name>/runs/... instead of beside cell.json, so "

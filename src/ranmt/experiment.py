@@ -101,6 +101,8 @@ from ranmt.config import ConfigError, load_config, to_dict
 from ranmt.data.corpus import load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
+from ranmt.data.wmt import available as available_wmt
+from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, paired_bootstrap, score
 from ranmt.train import fill_config_from_data, train
 from ranmt.translator import Translator
@@ -118,7 +120,7 @@ class Dataset:
     name: str
     src: str
     tgt: str
-    train: str = ""
+    train: str | list[str] = ""  # one prefix or several (concatenated)
     valid: str = ""
     tests: dict[str, str] = field(default_factory=dict)
     download: dict | None = None
@@ -204,12 +206,20 @@ def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
     if dataset.download:
         raw = root / "data" / f"{dataset.name}.raw"
         spec = dict(dataset.download)
-        if spec.get("dataset", "multi30k") != "multi30k":
-            raise ConfigError(f"dataset {dataset.name}: only multi30k can be downloaded")
-        download_multi30k(spec.get("pair", f"{dataset.src}-{dataset.tgt}"), raw,
-                          spec.get("from"), log=log)
-        train_prefix = train_prefix or str(raw / "train")
-        valid_prefix = valid_prefix or str(raw / "val")
+        kind = spec.get("dataset", "multi30k")
+        pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
+        if kind in available_wmt():
+            found = download_wmt(kind, pair, raw, spec.get("from"), log=log)
+            train_prefix = train_prefix or found["train"]
+            valid_prefix = valid_prefix or found["valid"]
+            tests = tests or found["tests"]
+        elif kind == "multi30k":
+            download_multi30k(pair, raw, spec.get("from"), log=log)
+            train_prefix = train_prefix or str(raw / "train")
+            valid_prefix = valid_prefix or str(raw / "val")
+        else:
+            raise ConfigError(f"dataset {dataset.name}: cannot download '{kind}' (available: "
+                              f"multi30k, {', '.join(available_wmt())})")
         tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
                  not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
     log(f"preparing dataset {dataset.name}")

@@ -1,0 +1,120 @@
+"""``ranmt experiment GRID --dry-run``: the plan of a grid, every cell checked, nothing run.
+
+For each cell (dataset x variant x seed) it resolves the training config exactly as the
+runner will (base config, grid overrides, variant, seed), builds the model to count its
+parameters (vocabulary sizes from the prepared data when it exists, else the dataset's
+``vocab_size``) and reports the tokens one optimizer step takes per rank. It also checks
+that each dataset can be had: a ``download`` the toolkit knows (dataset and pair), or
+training/validation/test prefixes (missing files are reported, not fatal: a grid is often
+checked before its corpora are copied to the machine that runs it). Any cell whose config
+or model is invalid is an error that names it, so a grid for a GPU cluster can be checked
+on a laptop before the first hour of GPU time is spent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ranmt.config import ConfigError
+from ranmt.data.download import DownloadError
+from ranmt.data.stream import resolve
+
+
+def _dataset_notes(dataset, root: Path) -> list[str]:
+    """What a dry run can say of a dataset's inputs (errors raise ConfigError)."""
+    if dataset.download:
+        spec = dict(dataset.download)
+        name = spec.get("dataset", "multi30k")
+        if name == "multi30k":
+            return [f"downloads multi30k {spec.get('pair', f'{dataset.src}-{dataset.tgt}')}"]
+        from ranmt.data.wmt import _task, available
+
+        if name not in available():
+            raise ConfigError(f"dataset {dataset.name}: cannot download '{name}' (available: "
+                              f"multi30k, {', '.join(available())})")
+        pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
+        try:
+            task, _ = _task(name, pair)
+        except DownloadError as err:
+            raise ConfigError(f"dataset {dataset.name}: {err}") from None
+        return [f"downloads {name} {pair}: train {', '.join(c.name for c in task.train)}; "
+                f"valid {task.valid[0]}; test {task.test[0]}"]
+    notes = []
+    prefixes = ([dataset.train] if isinstance(dataset.train, str) else list(dataset.train))
+    prefixes += [dataset.valid, *dataset.tests.values()]
+    for prefix in prefixes:
+        for lang in (dataset.src, dataset.tgt):
+            if not resolve(f"{prefix}.{lang}").is_file():
+                notes.append(f"missing {prefix}.{lang} (give it before running)")
+    prepared = root / "data" / dataset.name / "meta.json"
+    notes.append(f"prepared data: {'present' if prepared.is_file() else 'not yet'}")
+    return notes
+
+
+def _cell_plan(experiment, dataset, variant: dict, seed: int, root: Path,
+               parameters: int | None = None) -> dict:
+    """One cell's resolved config and model size (ConfigError names the cell);
+    ``parameters`` given: the model of another seed of the variant (the seed changes no
+    shape), not built again."""
+    from ranmt.experiment import _cell_config
+    from ranmt.model import build_model, count_parameters
+    from ranmt.train import fill_config_from_data
+
+    label = f"{dataset.name} / {variant['name']} / seed {seed}"
+    try:
+        cfg = _cell_config(experiment, variant, seed)
+        prepared = root / "data" / dataset.name
+        if (prepared / "meta.json").is_file():
+            fill_config_from_data(cfg, prepared)
+        else:
+            cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = dataset.vocab_size
+            cfg.model.joint_vocab = dataset.joint
+        if parameters is None:
+            import torch
+
+            with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+                parameters = count_parameters(build_model(cfg.model))["total"]
+    except (ConfigError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"cell {label}: {err}") from None
+    t = cfg.train
+    return {"cell": label, "dataset": dataset.name, "variant": variant["name"], "seed": seed,
+            "arch": cfg.model.arch, "preset": cfg.model.preset, "parameters": parameters,
+            "tokens_per_step_per_rank": cfg.data.max_tokens * t.accumulation,
+            "max_steps": t.max_steps, "max_time": t.max_time,
+            "validate_every": t.validate_every, "patience": t.patience,
+            "precision": t.precision, "lr": t.lr, "warmup_steps": t.warmup_steps}
+
+
+def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) -> dict:
+    """Check every cell of the grid ``path`` and print its plan; return it."""
+    from ranmt.experiment import load_experiment
+
+    experiment = load_experiment(path)
+    if out is not None:
+        experiment.out = Path(out)
+    root = experiment.out
+    log(f"grid {experiment.name}: {len(experiment.datasets)} dataset(s) x "
+        f"{len(experiment.variants)} variant(s) x {len(experiment.seeds)} seed(s) = "
+        f"{len(experiment.datasets) * len(experiment.variants) * len(experiment.seeds)} "
+        f"cells -> {root}")
+    plan = {"name": experiment.name, "out": str(root), "datasets": {}, "cells": []}
+    for dataset in experiment.datasets:
+        notes = _dataset_notes(dataset, root)
+        plan["datasets"][dataset.name] = notes
+        log(f"dataset {dataset.name} ({dataset.src}->{dataset.tgt}, vocabulary "
+            f"{dataset.vocab_size}{' joint' if dataset.joint else ''}): {'; '.join(notes)}")
+        sizes: dict[str, dict] = {}
+        for variant in experiment.variants:
+            for seed in experiment.seeds:
+                known = sizes.get(variant["name"], {}).get("parameters")
+                cell = _cell_plan(experiment, dataset, variant, seed, root, known)
+                plan["cells"].append(cell)
+                sizes.setdefault(variant["name"], cell)
+        log(f"{'variant':<14} {'arch':<8} {'parameters':>12} {'tokens/step/rank':>17} "
+            f"{'max steps':>10} {'validate':>9} {'precision':>9}")
+        for name, cell in sizes.items():
+            log(f"{name:<14} {cell['arch']:<8} {cell['parameters']:>12,} "
+                f"{cell['tokens_per_step_per_rank']:>17,} {cell['max_steps'] or '-':>10} "
+                f"{cell['validate_every']:>9} {cell['precision']:>9}")
+    log(f"every cell checked ({len(plan['cells'])}); nothing was trained")
+    return plan

@@ -37,7 +37,7 @@ from ranmt.checkpoint import (
 )
 from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
 from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches
-from ranmt.data.corpus import load_meta, load_split, raw_text
+from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_meta, load_split, raw_text
 from ranmt.data.vocab import PAD, Vocab
 from ranmt.distributed import (
     all_reduce_sum,
@@ -294,8 +294,8 @@ class TrainingRun:
             print(f"note: {int(too_long.sum())} training pair(s) longer than "
                   f"model.max_positions-1 = {cfg.model.max_positions - 1} subwords are "
                   "skipped", file=sys.stderr)
-            train_split = type(train_split)([train_split.src[i] for i in keep],
-                                            [train_split.tgt[i] for i in keep])
+            train_split = EncodedSplit(SubsetSequences(train_split.src, keep),
+                                       SubsetSequences(train_split.tgt, keep))
             src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
         self.train_split, self.src_lens, self.tgt_lens = train_split, src_lens, tgt_lens
         self.translator = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from conftest import write_parallel
@@ -113,3 +114,31 @@ def test_read_lines_handles_bom_crlf_and_bad_utf8(tmp_path):
     with pytest.raises(TextError, match="byte 7 .line 2"):
         read_lines(path)
     assert read_lines(path, errors="replace")[1] == "bad \ufffd byte"
+
+
+def test_training_skips_pairs_longer_than_the_model_positions_without_copying(reverse_data,
+                                                                               tmp_path,
+                                                                               capsys):
+    """Data prepared with a larger --max-positions than the model's: the trainer views the
+    pairs that fit (SubsetSequences over the memory-mapped split) and never batches others."""
+    from ranmt.config import load_config
+    from ranmt.data.corpus import SubsetSequences
+    from ranmt.train import TrainingRun
+
+    split = load_split(reverse_data, "train")
+    src_lengths, tgt_lengths = split.lengths()
+    cfg = load_config(None, {"model.preset": "tiny", "model.max_positions": "6",
+                             "train.max_steps": "2", "train.progress": "false",
+                             "train.tensorboard": "false", "train.validate_bleu": "false",
+                             "data.max_tokens": "300"})
+    run = TrainingRun(cfg, reverse_data, tmp_path / "run")
+    keep = (src_lengths < 6) & (tgt_lengths < 6)
+    assert 0 < keep.sum() < len(keep)
+    assert isinstance(run.train_split.src, SubsetSequences)
+    assert len(run.train_split) == keep.sum()
+    assert np.array_equal(run.train_split.lengths()[0], src_lengths[keep])
+    kept = np.flatnonzero(keep)
+    assert np.array_equal(run.train_split.tgt[3], split.tgt[kept[3]])
+    assert f"{int((~keep).sum())} training pair(s) longer than" in capsys.readouterr().err
+    summary = run.run()
+    assert summary["steps"] == 2 and summary["seconds_to_first_step"] > 0

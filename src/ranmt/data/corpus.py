@@ -69,6 +69,22 @@ class TokenSequences(Sequence):
         return np.diff(np.asarray(self.offsets))
 
 
+class SubsetSequences(Sequence):
+    """Sentences ``indices`` of another sequence of sentences, without copying any: item i
+    is ``base[indices[i]]`` (e.g. the training pairs that fit a model's positions)."""
+
+    def __init__(self, base: Sequence, indices: np.ndarray):
+        self.base, self.indices = base, np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self.base[int(self.indices[index])]
+
+
 @dataclass
 class EncodedSplit:
     src: Sequence
@@ -82,6 +98,8 @@ class EncodedSplit:
         def of(seqs) -> np.ndarray:
             if isinstance(seqs, TokenSequences):
                 return seqs.lengths()
+            if isinstance(seqs, SubsetSequences) and isinstance(seqs.base, TokenSequences):
+                return seqs.base.lengths()[seqs.indices]
             return np.array([len(s) for s in seqs], dtype=np.int64)
 
         return of(self.src), of(self.tgt)

@@ -36,7 +36,7 @@ from ranmt.checkpoint import (
     step_checkpoints,
 )
 from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
-from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches
+from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches, rank_plan
 from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_meta, load_split, raw_text
 from ranmt.data.vocab import PAD, Vocab
 from ranmt.distributed import (
@@ -351,13 +351,8 @@ class TrainingRun:
         batches = make_batches(self.src_lens, self.tgt_lens, self.cfg.data.max_tokens,
                                self.cfg.data.max_sentences, seed=t.seed, epoch=self.epoch,
                                noise=self.cfg.data.bucket_noise)
-        # One optimizer step consumes world_size x accumulation consecutive batches;
-        # rank r takes every world_size-th of them (a disjoint shard of the epoch).
         per_step = ctx.world_size * t.accumulation
-        plan, position = [], self.batch_index
-        while len(batches) - position >= ctx.world_size:
-            plan.extend(batches[position: position + per_step][ctx.rank::ctx.world_size])
-            position += min(per_step, len(batches) - position)
+        plan = rank_plan(batches, self.batch_index, ctx.world_size, ctx.rank, t.accumulation)
         prefetcher = BatchPrefetcher(self.train_split, plan)  # a worker builds the batches
         try:
             while len(batches) - self.batch_index >= ctx.world_size:

@@ -85,3 +85,26 @@ def test_vectorised_planning_gives_the_reference_batches(max_tokens, max_sentenc
         theirs = _reference_batches(src, tgt, max_tokens, max_sentences, seed, epoch, noise)
         assert len(ours) == len(theirs)
         assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("world_size,accumulation,start", [(2, 1, 0), (4, 2, 6), (8, 1, 3)])
+def test_rank_shards_of_a_large_epoch_are_disjoint_and_cover_it(world_size, accumulation,
+                                                                start):
+    """A million pairs planned once (every rank plans the same epoch from the same seed):
+    each rank's shard is its own, together they hold every batch from ``start`` on except a
+    tail shorter than one batch per rank, and every rank takes as many batches."""
+    from ranmt.data.batching import rank_plan
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 120, 1_000_000)
+    batches = make_batches(lengths, lengths, 4096, seed=5, epoch=2, noise=1.0)
+    shards = [rank_plan(batches, start, world_size, rank, accumulation)
+              for rank in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1
+    ids = [id(batch) for shard in shards for batch in shard]
+    assert len(ids) == len(set(ids))  # disjoint
+    covered = len(ids)
+    assert len(batches) - start - world_size < covered <= len(batches) - start
+    assert {id(b) for b in batches[start: start + covered]} == set(ids)
+    examples = np.concatenate([b for shard in shards for b in shard])
+    assert len(np.unique(examples)) == len(examples)

@@ -78,6 +78,20 @@ def _greedy_cuts(widths: np.ndarray, max_tokens: int, max_sentences: int = 0) ->
         cuts.append(start)
 
 
+def rank_plan(batches: list, start: int, world_size: int, rank: int,
+              accumulation: int = 1) -> list:
+    """The batches rank ``rank`` of ``world_size`` trains on, in order, from batch ``start``
+    of an epoch's plan: one optimizer step consumes ``world_size x accumulation``
+    consecutive batches and each rank takes every ``world_size``-th of them, so the ranks'
+    shards are disjoint; a tail too short to give every rank a batch is left out."""
+    per_step = world_size * accumulation
+    plan, position = [], start
+    while len(batches) - position >= world_size:
+        plan.extend(batches[position: position + per_step][rank::world_size])
+        position += min(per_step, len(batches) - position)
+    return plan
+
+
 @dataclass
 class Batch:
     src: torch.Tensor

@@ -138,6 +138,8 @@ def main() -> None:
     parser.add_argument("--plan-size", type=int, default=36_000_000)
     parser.add_argument("--reference-size", type=int, default=2_000_000)
     parser.add_argument("--no-train", action="store_true", help="skip the first-step runs")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only batch planning, on the already prepared largest size")
     args = parser.parse_args()
     from ranmt.data.corpus import load_split
 
@@ -147,7 +149,7 @@ def main() -> None:
     make_corpus(valid, 1000, multi30k, seed=1)
     print(f"{'pairs':>10} {'prepare s':>10} {'pairs/s':>9} {'peak RSS MB':>12} "
           f"{'first step s':>14}")
-    for size in args.sizes:
+    for size in [] if args.plan_only else args.sizes:
         prefix = args.work / f"train{size}"
         make_corpus(prefix, size, multi30k)
         out = args.work / f"prepared{size}"

@@ -108,3 +108,13 @@ def test_rank_shards_of_a_large_epoch_are_disjoint_and_cover_it(world_size, accu
     assert {id(b) for b in batches[start: start + covered]} == set(ids)
     examples = np.concatenate([b for shard in shards for b in shard])
     assert len(np.unique(examples)) == len(examples)
+
+
+def test_length_order_is_lexsort_order_with_and_without_ties():
+    from ranmt.data.batching import _length_order
+
+    rng = np.random.default_rng(3)
+    src, tgt = rng.integers(1, 30, 20_000), rng.integers(1, 30, 20_000)
+    for jitter in (0.0, rng.uniform(0, 1, 20_000), rng.integers(0, 4, 20_000) / 4.0):
+        expected = np.lexsort((src + jitter, tgt + jitter))
+        assert np.array_equal(_length_order(src, tgt, jitter), expected)

@@ -14,6 +14,7 @@ A prepared-data directory holds:
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import json
 import os
@@ -36,7 +37,7 @@ from ranmt.data.stream import (
     resolve,
 )
 from ranmt.data.text import read_lines
-from ranmt.data.vocab import Vocab, train_sentencepiece
+from ranmt.data.vocab import Vocab, train_sentencepiece_file
 
 
 class PrepareError(ValueError):
@@ -277,16 +278,34 @@ def _train_vocabulary(tmp: Path, settings: _Settings, vocab_size: int, joint: bo
     if reservoir.seen > reservoir.capacity:
         settings.log(f"SentencePiece: training on a uniform sample of {reservoir.capacity:,} "
                      f"of {reservoir.seen:,} pairs (--spm-sample)")
-    sample_src, sample_tgt = reservoir.sample()
+    # SentencePiece reads the sample from files: the Python copy is gone while it trains.
+    src_lines, tgt_lines = reservoir.sample()
     del reservoir
+    texts = {"src": [src_lines, tgt_lines]} if joint else {"src": [src_lines],
+                                                             "tgt": [tgt_lines]}
+    characters = {side: _write_sample(tmp / f"spm.sample.{side}.txt", parts)
+                  for side, parts in texts.items()}
+    del src_lines, tgt_lines, texts
+    gc.collect()
+    for side, chars in characters.items():
+        sample_file = tmp / f"spm.sample.{side}.txt"
+        train_sentencepiece_file(sample_file, chars, tmp / f"spm.{side}.model", vocab_size,
+                                 model_type)
+        sample_file.unlink()
     if joint:
-        train_sentencepiece(sample_src + sample_tgt, tmp / "spm.src.model", vocab_size,
-                            model_type)
         shutil.copyfile(tmp / "spm.src.model", tmp / "spm.tgt.model")
-    else:
-        train_sentencepiece(sample_src, tmp / "spm.src.model", vocab_size, model_type)
-        train_sentencepiece(sample_tgt, tmp / "spm.tgt.model", vocab_size, model_type)
     return read, empty
+
+
+def _write_sample(path: Path, parts: list[list[str]]) -> set[str]:
+    """Write the lines of ``parts`` (in order) to ``path``; return their characters."""
+    characters: set[str] = set()
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        for lines in parts:
+            for line in lines:
+                out.write(line + "\n")
+                characters.update(line)
+    return characters
 
 
 def _copy_vocabulary(tmp: Path, src_model: str | Path, tgt_model: str | Path) -> bool:

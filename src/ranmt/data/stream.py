@@ -17,6 +17,7 @@ not by the corpus. This module imports no torch: the worker processes stay small
 
 from __future__ import annotations
 
+import array
 import bz2
 import collections
 import gzip
@@ -100,7 +101,8 @@ class PairReservoir:
     """A uniform sample of at most ``capacity`` pairs of a stream (Algorithm R, seeded).
 
     :meth:`add` every pair in order; :meth:`sample` returns the kept pairs in corpus order,
-    so that a stream no longer than ``capacity`` comes back whole and unchanged.
+    so that a stream no longer than ``capacity`` comes back whole and unchanged. The pairs
+    are held as two lists of strings and an array of positions (no per-pair tuple).
     """
 
     def __init__(self, capacity: int, seed: int = 1):
@@ -109,21 +111,26 @@ class PairReservoir:
         self.capacity = capacity
         self.rng = random.Random(seed)
         self.seen = 0
-        self.kept: list[tuple[int, str, str]] = []
+        self.src: list[str] = []
+        self.tgt: list[str] = []
+        self.positions = array.array("q")
 
     def add(self, src: str, tgt: str) -> None:
         if self.seen < self.capacity:
-            self.kept.append((self.seen, src, tgt))
+            self.src.append(src)
+            self.tgt.append(tgt)
+            self.positions.append(self.seen)
         else:
             slot = self.rng.randrange(self.seen + 1)
             if slot < self.capacity:
-                self.kept[slot] = (self.seen, src, tgt)
+                self.src[slot], self.tgt[slot] = src, tgt
+                self.positions[slot] = self.seen
         self.seen += 1
 
     def sample(self) -> tuple[list[str], list[str]]:
         """(source lines, target lines) of the sample, in corpus order."""
-        self.kept.sort(key=lambda item: item[0])
-        return [s for _, s, _ in self.kept], [t for _, _, t in self.kept]
+        order = np.argsort(np.frombuffer(self.positions, dtype=np.int64), kind="stable")
+        return [self.src[i] for i in order], [self.tgt[i] for i in order]
 
 
 # ------------------------------------------------------------------ encoding in workers

@@ -22,11 +22,32 @@ def train_sentencepiece(lines: Iterable[str], model_path: str | Path, vocab_size
     ``hard_vocab_limit`` is off, so a corpus too small for ``vocab_size`` yields a smaller
     vocabulary instead of an error.
     """
+    sentences = [line for line in lines if line.strip()]
+    characters = {char for line in sentences for char in line if not char.isspace()}
+    _train(characters, model_path, vocab_size, model_type, seed_sentences,
+           sentence_iterator=iter(sentences))
+
+
+def train_sentencepiece_file(path: str | Path, characters: set[str], model_path: str | Path,
+                             vocab_size: int, model_type: str = "bpe",
+                             seed_sentences: int = 2_000_000) -> None:
+    """:func:`train_sentencepiece` on the lines of a UTF-8 file (one non-empty sentence a
+    line), streamed to SentencePiece one at a time, so that no Python copy of the text is
+    held while it trains (the model is the same as from a list of the lines: SentencePiece
+    records a file given as ``input`` in the model, an iterator not);
+    ``characters``: the file's distinct characters."""
+    with open(path, encoding="utf-8", newline="\n") as handle:
+        _train(characters, model_path, vocab_size, model_type, seed_sentences,
+               sentence_iterator=(line[:-1] for line in handle))
+
+
+def _train(characters: set[str], model_path: str | Path, vocab_size: int, model_type: str,
+           seed_sentences: int, **text) -> None:
+    """The SentencePiece training both entry points share; ``text``: its input argument."""
     if model_type not in ("bpe", "unigram", "char", "word"):
         raise ValueError(f"unknown SentencePiece model type '{model_type}'")
-    sentences = [line for line in lines if line.strip()]
     # Every character is kept (character_coverage=1.0), so each needs a piece of its own.
-    characters = {char for line in sentences for char in line if not char.isspace()} | {"\u2581"}
+    characters = {char for char in characters if not char.isspace()} | {"\u2581"}
     if vocab_size < len(characters) + 4:
         raise VocabError(f"vocabulary size {vocab_size} is too small: the training text has "
                          f"{len(characters)} distinct characters (plus 4 special pieces); "
@@ -34,7 +55,7 @@ def train_sentencepiece(lines: Iterable[str], model_path: str | Path, vocab_size
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            **text,
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,

@@ -80,3 +80,37 @@ def reverse_data(tmp_path_factory) -> Path:
             tests={"test": str(root / "test")}, vocab_size=40, max_positions=64,
             log=lambda _msg: None)
     return root / "data"
+
+
+# ---------------------------------------------------------------- served models (test_serve*)
+
+
+@pytest.fixture(scope="session")
+def runs(reverse_data, tmp_path_factory):
+    """Two untrained tiny checkpoints, TransF and RAN-ALL, over the synthetic vocabulary."""
+    import torch
+
+    from ranmt.checkpoint import save_checkpoint
+    from ranmt.data.corpus import load_meta
+    from ranmt.model import build_model
+
+    meta = load_meta(reverse_data)
+    root = tmp_path_factory.mktemp("serve")
+    paths = {}
+    for arch in ("transf", "ran-all"):
+        cfg = tiny_config(**{"model.arch": arch, "model.src_vocab_size": meta["src_vocab_size"],
+                             "model.tgt_vocab_size": meta["tgt_vocab_size"],
+                             "model.max_positions": 24})
+        torch.manual_seed(0)
+        save_checkpoint(root / arch, build_model(cfg.model), cfg,
+                        {"src": reverse_data / "spm.src.model",
+                         "tgt": reverse_data / "spm.tgt.model"})
+        paths[arch] = root / arch
+    return paths
+
+
+@pytest.fixture(scope="session")
+def translators(runs):
+    from ranmt.translator import Translator
+
+    return {name: Translator.load(path, device="cpu") for name, path in runs.items()}

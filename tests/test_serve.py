@@ -14,10 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import tiny_config
-from ranmt.checkpoint import save_checkpoint
-from ranmt.model import build_model
-
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
@@ -27,33 +23,6 @@ from ranmt.serve import ServeLimits, create_app, launch_server, model_names  # n
 from ranmt.translator import Translator  # noqa: E402
 
 SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]
-
-
-@pytest.fixture(scope="module")
-def runs(reverse_data, tmp_path_factory):
-    """Two untrained tiny checkpoints, TransF and RAN-ALL, over the synthetic vocabulary."""
-    import torch
-
-    from ranmt.data.corpus import load_meta
-
-    meta = load_meta(reverse_data)
-    root = tmp_path_factory.mktemp("serve")
-    paths = {}
-    for arch in ("transf", "ran-all"):
-        cfg = tiny_config(**{"model.arch": arch, "model.src_vocab_size": meta["src_vocab_size"],
-                             "model.tgt_vocab_size": meta["tgt_vocab_size"],
-                             "model.max_positions": 24})
-        torch.manual_seed(0)
-        save_checkpoint(root / arch, build_model(cfg.model), cfg,
-                        {"src": reverse_data / "spm.src.model",
-                         "tgt": reverse_data / "spm.tgt.model"})
-        paths[arch] = root / arch
-    return paths
-
-
-@pytest.fixture(scope="module")
-def translators(runs):
-    return {name: Translator.load(path, device="cpu") for name, path in runs.items()}
 
 
 @pytest.fixture()

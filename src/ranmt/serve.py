@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ranmt.data.batching import pad_sources
@@ -61,6 +61,13 @@ class ServeLimits:
     """How long a batch keeps collecting requests after its first one arrived."""
     max_batch_tokens: int = 8000
     """Source tokens per dynamic batch (a larger single request still decodes alone)."""
+    max_queued_tokens: int = 32000
+    """Source tokens a model's queue may hold (waiting, not yet decoding); a request that
+    would go beyond is refused at once with 503 and ``Retry-After`` (a request alone in an
+    empty queue is always taken)."""
+    request_timeout_s: float = 60.0
+    """A request whose batch has not started this long after it arrived is dropped (504);
+    a request may ask for less with ``timeout_s``."""
 
 
 class RequestError(Exception):
@@ -74,7 +81,7 @@ class RequestError(Exception):
 
 # ------------------------------------------------------------------------------ validation
 
-_FIELDS = {"text", "model", "beam", "nbest", "attention"}
+_FIELDS = {"text", "model", "beam", "nbest", "attention", "timeout_s"}
 
 
 @dataclass
@@ -84,6 +91,7 @@ class TranslateRequest:
     beam: int = 4
     nbest: int = 1
     attention: bool = False
+    timeout_s: float | None = None
 
 
 def max_body_bytes(limits: ServeLimits) -> int:
@@ -105,7 +113,9 @@ def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
     check_body_size(len(body), limits)
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except RecursionError:  # e.g. [[[[...]]]] nested deeper than Python's parser goes
+        raise RequestError(400, "invalid JSON: nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as err:  # ValueError: also over-long integers
         raise RequestError(400, f"invalid JSON: {err}") from None
     if not isinstance(data, dict):
         raise RequestError(400, "the body must be a JSON object with a 'text' list")
@@ -134,7 +144,14 @@ def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
     attention = data.get("attention", False)
     if not isinstance(attention, bool):
         raise RequestError(400, "'attention' must be true or false")
-    return TranslateRequest(text, model, beam, nbest, attention)
+    timeout = data.get("timeout_s")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not 0 < timeout <= limits.request_timeout_s:
+            raise RequestError(400, f"'timeout_s' must be a number of seconds above 0 and at "
+                                    f"most {limits.request_timeout_s:g}")
+        timeout = float(timeout)
+    return TranslateRequest(text, model, beam, nbest, attention, timeout)
 
 
 def _integer(data: dict, name: str, default: int, low: int, high: int) -> int:
@@ -192,48 +209,119 @@ class _Job:
     beam: int
     nbest: int
     future: asyncio.Future
+    deadline: float
+    """Event-loop time after which the job is dropped unless its batch has started."""
     tokens: int = field(init=False)
+    started: bool = False
+    """Taken into a batch: it will be decoded and answered."""
+    dropped: bool = False
+    """Given up (deadline, client gone) before its batch started: never decoded."""
+    queued: bool = True
+    """Counted in its batcher's queue totals."""
 
     def __post_init__(self):
         self.tokens = sum(len(seq) + 1 for seq in self.ids)
 
 
+class QueueFullError(RequestError):
+    """The model's queue holds ``max_queued_tokens``: 503, retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(503, message)
+        self.retry_after = retry_after
+
+
 class Batcher:
-    """One model's queue and worker: requests arriving within the batch window decode as
-    one batch (per beam/n-best setting), in the single decoding thread."""
+    """One model's bounded queue and worker: requests arriving within the batch window decode
+    as one batch (per beam/n-best setting), in the single decoding thread.
+
+    Admission (:meth:`submit`) refuses a request that would take the queue past
+    ``max_queued_tokens`` (:class:`QueueFullError`); a job dropped while it waits (its deadline
+    passed, its client left: :meth:`drop`) leaves the queue totals at once and is skipped
+    by the worker. A job taken into a batch is always decoded and answered."""
 
     def __init__(self, translator: Translator, limits: ServeLimits,
-                 executor: concurrent.futures.Executor):
+                 executor: concurrent.futures.Executor, metrics: ServeMetrics | None = None,
+                 name: str = "model"):
         self.translator = translator
         self.limits = limits
         self.executor = executor
+        self.metrics = metrics
+        self.name = name
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self.batches = 0
         self.requests = 0
         self.in_flight = 0
+        self.queued_tokens = 0
+        self.queued_requests = 0
+        self.tokens_per_s = 0.0  # source tokens decoded per second, recent batches
 
-    async def submit(self, ids: list[list[int]], beam: int, nbest: int) -> list:
-        """Queue token ids; returns their n-best lists, in order, once their batch is done."""
-        job = _Job(ids, beam, nbest, asyncio.get_running_loop().create_future())
-        self.in_flight += 1
-        try:
-            await self.queue.put(job)
-            return await job.future
-        finally:
-            self.in_flight -= 1
+    def submit(self, ids: list[list[int]], beam: int, nbest: int, timeout_s: float) -> _Job:
+        """Queue token ids; the job's future gets their n-best lists, in order, once their
+        batch is done. :class:`QueueFullError` when the queue has no room for them."""
+        loop = asyncio.get_running_loop()
+        job = _Job(ids, beam, nbest, loop.create_future(), loop.time() + timeout_s)
+        if self.queued_tokens and self.queued_tokens + job.tokens > self.limits.max_queued_tokens:
+            rate = self.tokens_per_s or 1000.0
+            retry = int(min(60, max(1, -(-self.queued_tokens // rate))))
+            raise QueueFullError(f"model '{self.name}' is busy: {self.queued_tokens} source tokens "
+                            f"queued, at most {self.limits.max_queued_tokens}; retry in "
+                            f"{retry} s", retry)
+        self.queued_tokens += job.tokens
+        self.queued_requests += 1
+        self._gauges()
+        self.queue.put_nowait(job)
+        return job
+
+    def drop(self, job: _Job) -> bool:
+        """Give up a job that has not started (deadline, client gone); False if it started."""
+        if job.started:
+            return False
+        job.dropped = True
+        self._unqueue(job)
+        return True
+
+    def _unqueue(self, job: _Job) -> None:
+        if job.queued:
+            job.queued = False
+            self.queued_tokens -= job.tokens
+            self.queued_requests -= 1
+            self._gauges()
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_tokens.labels(self.name).set(self.queued_tokens)
+            self.metrics.queue_requests.labels(self.name).set(self.queued_requests)
+
+    async def _next_job(self, timeout: float | None = None) -> _Job | None:
+        """The next job still wanted (dropped ones skipped, expired ones answered 504), or
+        None when ``timeout`` passes first."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if timeout is None:
+                job = await self.queue.get()
+            else:
+                job = await asyncio.wait_for(self.queue.get(), max(timeout, 0))
+            self._unqueue(job)
+            if job.dropped:
+                continue
+            if loop.time() > job.deadline:
+                job.dropped = True
+                if not job.future.done():
+                    job.future.set_exception(_timeout_error())
+                continue
+            job.started = True
+            return job
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self.queue.get()]
+            jobs = [await self._next_job()]
             tokens = jobs[0].tokens
             deadline = loop.time() + self.limits.batch_window_ms / 1000
             while tokens < self.limits.max_batch_tokens:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
                 try:
-                    job = await asyncio.wait_for(self.queue.get(), remaining)
+                    job = await self._next_job(deadline - loop.time())
                 except asyncio.TimeoutError:
                     break
                 jobs.append(job)
@@ -246,22 +334,66 @@ class Batcher:
 
     async def _decode(self, loop, group: list[_Job], beam: int, nbest: int) -> None:
         flat = [seq for job in group for seq in job.ids]
+        started = time.perf_counter()
         try:
             results = await loop.run_in_executor(
                 self.executor, lambda: self.translator.translate_ids(flat, beam=beam,
                                                                      nbest=nbest))
         except Exception as err:  # noqa: BLE001 (reported to the requests of this batch)
+            if self.metrics is not None:
+                self.metrics.errors.labels(self.name, "decoding").inc()
             for job in group:
                 if not job.future.done():
                     job.future.set_exception(err)
             return
+        seconds = time.perf_counter() - started
+        source_tokens = sum(job.tokens for job in group)
+        rate = source_tokens / max(seconds, 1e-6)
+        self.tokens_per_s = rate if not self.tokens_per_s else 0.7 * self.tokens_per_s + 0.3 * rate
         self.batches += 1
         self.requests += len(group)
+        if self.metrics is not None:
+            self.metrics.batch_sentences.labels(self.name).observe(len(flat))
+            self.metrics.decoded_tokens.labels(self.name).inc(
+                sum(len(hyps[0][0]) + 1 for hyps in results))
         start = 0
         for job in group:
             if not job.future.done():
                 job.future.set_result(results[start: start + len(job.ids)])
             start += len(job.ids)
+
+
+def _timeout_error() -> RequestError:
+    return RequestError(504, "the request waited past its deadline (timeout_s or "
+                             "--request-timeout) before its batch started; nothing was decoded")
+
+
+class ServeMetrics:
+    """The Prometheus metrics of one app (its own registry, exported at ``GET /metrics``)."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter("ranmt_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("ranmt_request_seconds", "HTTP request latency",
+                                 ["endpoint"], registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                          10, 30, 60))
+        self.queue_requests = Gauge("ranmt_queue_requests", "requests waiting for a batch",
+                                    ["model"], registry=self.registry)
+        self.queue_tokens = Gauge("ranmt_queue_tokens", "source tokens waiting for a batch",
+                                  ["model"], registry=self.registry)
+        self.batch_sentences = Histogram("ranmt_batch_sentences", "sentences per decoded batch",
+                                         ["model"], registry=self.registry,
+                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.decoded_tokens = Counter("ranmt_decoded_tokens", "target tokens decoded (best "
+                                      "hypotheses, EOS included)", ["model"],
+                                      registry=self.registry)
+        self.errors = Counter("ranmt_errors", "errors by model and kind (decoding, timeout, "
+                              "overload, disconnect)", ["model", "kind"],
+                              registry=self.registry)
 
 
 # ------------------------------------------------------------------------------ the app
@@ -291,13 +423,15 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                      thread_name_prefix="ranmt-decode")
     batchers: dict[str, Batcher] = {}
+    workers: list[asyncio.Task] = []
+    metrics = ServeMetrics()
     default_model = next(iter(translators))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         for name, translator in translators.items():
-            batchers[name] = Batcher(translator, limits, executor)
-        workers = [asyncio.create_task(b.run()) for b in batchers.values()]
+            batchers[name] = Batcher(translator, limits, executor, metrics, name)
+        workers.extend(asyncio.create_task(b.run()) for b in batchers.values())
         yield
         for worker in workers:
             worker.cancel()
@@ -307,14 +441,39 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, err: RequestError):
-        return JSONResponse({"error": err.message}, status_code=err.status)
+        headers = {"Retry-After": str(err.retry_after)} if isinstance(err, QueueFullError) else None
+        return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        path = request.url.path
+        endpoint = path if path in _ENDPOINTS else "static"
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+        return response
 
     @app.get("/health")
     async def health() -> dict:
+        """Alive: the process answers (with request and batch counters)."""
         return {"status": "ok", "models": list(translators),
                 "requests": sum(b.requests for b in batchers.values()),
                 "batches": sum(b.batches for b in batchers.values()),
                 "in_flight": sum(b.in_flight for b in batchers.values())}
+
+    @app.get("/ready")
+    async def ready():
+        """Ready: every model is loaded and its batching worker runs (else 503)."""
+        running = bool(workers) and all(not worker.done() for worker in workers)
+        body = {"ready": running, "models": list(batchers)}
+        return JSONResponse(body, status_code=200 if running else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/models")
     async def models() -> dict:
@@ -324,10 +483,13 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
              "quantized": _quantized(t), "device": str(t.device)}
             for name, t in translators.items()],
             "limits": {"max_lines": limits.max_lines, "max_chars": limits.max_chars,
-                       "max_beam": limits.max_beam}}
+                       "max_beam": limits.max_beam,
+                       "max_queued_tokens": limits.max_queued_tokens,
+                       "request_timeout_s": limits.request_timeout_s}}
 
     @app.post("/translate")
     async def translate(request: Request):
+        _check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length", "0")
         if declared.isdigit():  # refused before the body is read
             check_body_size(int(declared), limits)
@@ -335,7 +497,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         name = parsed.model or default_model
         if name not in translators:
             raise RequestError(404, f"unknown model '{name}'; loaded: {sorted(translators)}")
-        translator = translators[name]
+        translator, batcher = translators[name], batchers[name]
         try:
             ids = translator.check_lengths(
                 [translator.src_vocab.encode([line.strip()])[0] if line.strip() else []
@@ -343,18 +505,63 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         except InputTooLongError as err:
             raise RequestError(400, str(err)) from None
         try:
-            results = await batchers[name].submit(ids, parsed.beam, parsed.nbest)
-            translations = await asyncio.get_running_loop().run_in_executor(
-                executor, _entries, translator, ids, results, parsed)
+            job = batcher.submit(ids, parsed.beam, parsed.nbest,
+                                 parsed.timeout_s or limits.request_timeout_s)
+        except QueueFullError:
+            metrics.errors.labels(name, "overload").inc()
+            raise
+        batcher.in_flight += 1
+        try:
+            results = await wait_for_job(batcher, job, request.is_disconnected)
+        except RequestError as err:
+            metrics.errors.labels(name, "timeout" if err.status == 504 else "request").inc()
+            raise
         except Exception as err:  # noqa: BLE001 (decoding failed: this request only)
             return JSONResponse({"error": f"decoding failed: {type(err).__name__}: {err}"},
                                 status_code=500)
+        finally:
+            batcher.in_flight -= 1
+        if results is None:  # the client left before its batch started: nothing decoded
+            metrics.errors.labels(name, "disconnect").inc()
+            return Response(status_code=499)
+        translations = await asyncio.get_running_loop().run_in_executor(
+            executor, _entries, translator, ids, results, parsed)
         return {"model": name, "translations": translations}
 
     static = Path(__file__).parent / "explorer"
     if static.is_dir():
         app.mount("/", StaticFiles(directory=static, html=True), name="explorer")
     return app
+
+
+_ENDPOINTS = {"/translate", "/models", "/health", "/ready", "/metrics"}
+
+
+def _check_content_type(header: str | None) -> None:
+    """415 for a body declared as anything but JSON (a missing header is taken as JSON)."""
+    if header is None:
+        return
+    media = header.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise RequestError(415, f"Content-Type '{media}': send the body as application/json")
+
+
+async def wait_for_job(batcher: Batcher, job: _Job, is_disconnected, poll_s: float = 0.05):
+    """The job's results; :class:`RequestError` 504 when its deadline passes before its
+    batch started, None when the client disconnects before then (the job is dropped from
+    the queue either way). A started job is always waited for to the end."""
+    loop = asyncio.get_running_loop()
+    while True:
+        wait = poll_s if job.started else min(poll_s, max(job.deadline - loop.time(), 0.0))
+        await asyncio.wait({job.future}, timeout=wait)
+        if job.future.done():
+            return job.future.result()  # the worker's 504 or a decoding error raise here
+        if job.started:
+            continue
+        if loop.time() >= job.deadline and batcher.drop(job):
+            raise _timeout_error()
+        if await is_disconnected() and batcher.drop(job):
+            return None
 
 
 def _quantized(translator: Translator) -> bool:

@@ -1,0 +1,190 @@
+"""ranmt serve under overload and attack: a bounded queue (503 + Retry-After), deadlines
+(504), clients that leave, hostile JSON, Prometheus metrics and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+
+from fastapi.testclient import TestClient  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from ranmt.serve import (  # noqa: E402
+    Batcher,
+    QueueFullError,
+    RequestError,
+    ServeLimits,
+    create_app,
+    wait_for_job,
+)
+from ranmt.translator import Translator  # noqa: E402
+
+
+@pytest.fixture()
+def slow_decoding(monkeypatch):
+    """Every batch takes at least 0.3 s: a burst piles up in the queue."""
+    original = Translator.translate_ids
+
+    def slow(self, ids, *args, **kwargs):
+        time.sleep(0.3)
+        return original(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_ids", slow)
+
+
+def _metric(client, name: str, **labels) -> float:
+    text = client.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_serves_again(translators,
+                                                                    slow_decoding):
+    limits = ServeLimits(batch_window_ms=1, max_queued_tokens=12)
+    expected = translators["transf"].translate(["a b c"])[0]
+    with TestClient(create_app(translators, limits)) as client:
+        def ask(_):
+            started = time.perf_counter()
+            response = client.post("/translate", json={"text": ["a b c"]})
+            return response, time.perf_counter() - started
+
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(ask, range(12)))
+        refused = [(r, s) for r, s in answers if r.status_code == 503]
+        accepted = [r for r, _ in answers if r.status_code == 200]
+        assert refused and accepted and len(refused) + len(accepted) == 12
+        for response, seconds in refused:
+            assert int(response.headers["Retry-After"]) >= 1
+            assert "busy" in response.json()["error"] and seconds < 0.3  # at once, not queued
+        assert all(r.json()["translations"][0]["text"] == expected for r in accepted)
+        good = client.post("/translate", json={"text": ["a b c"]})
+        assert good.status_code == 200
+        assert _metric(client, "ranmt_errors_total", model="transf", kind="overload") == \
+            len(refused)
+        assert _metric(client, "ranmt_queue_tokens", model="transf") == 0
+
+
+def test_a_request_whose_batch_has_not_started_by_its_deadline_gets_504(translators,
+                                                                         slow_decoding):
+    limits = ServeLimits(batch_window_ms=1, request_timeout_s=5)
+    with TestClient(create_app(translators, limits)) as client, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/translate", json={"text": ["a b c"]})
+        time.sleep(0.1)  # the first batch is decoding for 0.3 s
+        late = client.post("/translate", json={"text": ["d e f"], "timeout_s": 0.05})
+        assert late.status_code == 504 and "deadline" in late.json()["error"]
+        assert first.result().status_code == 200
+        assert client.post("/translate", json={"text": ["a"], "timeout_s": 9}).status_code == 400
+
+
+def _job_batcher(calls: list) -> Batcher:
+    class Recorder:
+        def translate_ids(self, ids, beam, nbest):
+            calls.append(ids)
+            return [[([1], 0.0)] for _ in ids]
+
+    import concurrent.futures
+
+    return Batcher(Recorder(), ServeLimits(batch_window_ms=1),
+                   concurrent.futures.ThreadPoolExecutor(1))
+
+
+def test_a_client_that_leaves_has_its_queued_work_dropped():
+    """The client of the first job disconnects while it waits: it leaves the queue totals
+    at once and the worker never decodes it; the next job is decoded alone."""
+    calls: list = []
+
+    async def scenario():
+        batcher = _job_batcher(calls)
+        gone = batcher.submit([[5, 6, 7]], 1, 1, timeout_s=30)
+        kept = batcher.submit([[8, 9]], 1, 1, timeout_s=30)
+        assert batcher.queued_tokens == 7 and batcher.queued_requests == 2
+
+        async def disconnected():
+            return True
+
+        assert await wait_for_job(batcher, gone, disconnected) is None
+        assert gone.dropped and batcher.queued_tokens == 3 and batcher.queued_requests == 1
+        worker = asyncio.create_task(batcher.run())
+
+        async def connected():
+            return False
+
+        results = await wait_for_job(batcher, kept, connected)
+        worker.cancel()
+        return results
+
+    assert asyncio.run(scenario()) == [[([1], 0.0)]]
+    assert calls == [[[8, 9]]]
+
+
+def test_deadline_and_admission_in_the_batcher():
+    async def scenario():
+        batcher = _job_batcher([])
+        batcher.limits.max_queued_tokens = 5
+        job = batcher.submit([[1, 2, 3]], 1, 1, timeout_s=0.05)
+        with pytest.raises(QueueFullError) as full:
+            batcher.submit([[4, 5]], 1, 1, timeout_s=1)
+        assert full.value.status == 503 and full.value.retry_after >= 1
+
+        async def connected():
+            return False
+
+        with pytest.raises(RequestError) as late:
+            await wait_for_job(batcher, job, connected)
+        assert late.value.status == 504 and batcher.queued_tokens == 0
+        big = batcher.submit([[1] * 20], 1, 1, timeout_s=1)  # alone in an empty queue: taken
+        assert big.tokens == 21
+
+    asyncio.run(scenario())
+
+
+HOSTILE = [
+    (b"[" * 50000 + b"]" * 50000, 400, "nested too deeply"),
+    (b'{"text": ["a"], "beam": ' + b"7" * 5000 + b"}", 400, "invalid JSON"),
+    (b'{"text": ["a"], "timeout_s": -1}', 400, "'timeout_s'"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), HOSTILE)
+def test_hostile_bodies_are_4xx(translators, body, status, message):
+    limits = ServeLimits(max_lines=10, max_chars=200000)
+    with TestClient(create_app(translators, limits)) as client:
+        response = client.post("/translate", content=body,
+                               headers={"Content-Type": "application/json"})
+        assert response.status_code == status and message in response.json()["error"]
+        plain = client.post("/translate", content=b'{"text": ["a"]}',
+                            headers={"Content-Type": "text/plain"})
+        assert plain.status_code == 415
+        assert client.post("/translate", json={"text": ["a"]}).status_code == 200
+
+
+def test_metrics_health_and_readiness(translators):
+    with TestClient(create_app(translators, ServeLimits(batch_window_ms=1))) as client:
+        assert client.get("/ready").json() == {"ready": True, "models": ["transf", "ran-all"]}
+        assert client.get("/health").status_code == 200
+        before = _metric(client, "ranmt_requests_total", endpoint="/translate", status="200")
+        for _ in range(3):
+            client.post("/translate", json={"text": ["a b c", "d e"]})
+        client.post("/translate", json={"text": []})
+        families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        assert {"ranmt_requests", "ranmt_request_seconds", "ranmt_queue_requests",
+                "ranmt_queue_tokens", "ranmt_batch_sentences", "ranmt_decoded_tokens",
+                "ranmt_errors"} <= set(families)
+        assert _metric(client, "ranmt_requests_total", endpoint="/translate",
+                       status="200") == before + 3
+        assert _metric(client, "ranmt_requests_total", endpoint="/translate",
+                       status="400") == 1
+        assert _metric(client, "ranmt_batch_sentences_count", model="transf") >= 1
+        assert _metric(client, "ranmt_decoded_tokens_total", model="transf") >= 6
+        assert _metric(client, "ranmt_request_seconds_count", endpoint="/translate") >= 4
+        assert json.loads(client.get("/models").text)["limits"]["max_queued_tokens"] == 32000

@@ -40,12 +40,7 @@ def slow_decoding(monkeypatch):
 
 
 def _metric(client, name: str, **labels) -> float:
-    text = client.get("/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return _metric_with(client, {}, name, **labels)
 
 
 def test_a_full_queue_answers_503_with_retry_after_and_serves_again(translators,
@@ -188,3 +183,33 @@ def test_metrics_health_and_readiness(translators):
         assert _metric(client, "ranmt_decoded_tokens_total", model="transf") >= 6
         assert _metric(client, "ranmt_request_seconds_count", endpoint="/translate") >= 4
         assert json.loads(client.get("/models").text)["limits"]["max_queued_tokens"] == 32000
+
+
+def test_api_key_guards_every_endpoint_but_health(translators, tmp_path, monkeypatch):
+    from ranmt.serve import read_api_key
+
+    (tmp_path / "key").write_text("s3cret-key\n")
+    key = read_api_key(str(tmp_path / "key"))
+    assert key == "s3cret-key"
+    monkeypatch.setenv("RANMT_API_KEY", "from-env")
+    assert read_api_key(None) == "from-env"
+    with TestClient(create_app(translators, ServeLimits(), api_key=key)) as client:
+        assert client.get("/health").status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):
+            response = client.post("/translate", json={"text": ["a"]}, headers=headers)
+            assert response.status_code == 401 and "API key" in response.json()["error"]
+            assert client.get("/models", headers=headers).status_code == 401
+        good = {"Authorization": f"Bearer {key}"}
+        assert client.post("/translate", json={"text": ["a"]}, headers=good).status_code == 200
+        assert client.get("/metrics", headers=good).status_code == 200
+        assert _metric_with(client, good, "ranmt_requests_total", endpoint="/translate",
+                            status="401") == 3
+
+
+def _metric_with(client, headers, name: str, **labels) -> float:
+    text = client.get("/metrics", headers=headers).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0

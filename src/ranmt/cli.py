@@ -233,7 +233,7 @@ def _cmd_benchmark(args) -> None:
 
 
 def _cmd_serve(args) -> None:
-    from ranmt.serve import ServeLimits, serve
+    from ranmt.serve import ServeLimits, read_api_key, serve
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")
@@ -244,7 +244,8 @@ def _cmd_serve(args) -> None:
                          max_batch_tokens=args.max_batch_tokens,
                          max_queued_tokens=args.max_queued_tokens,
                          request_timeout_s=args.request_timeout)
-    serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits)
+    serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits,
+          api_key=read_api_key(args.api_key_file))
 
 
 def _cmd_export(args) -> None:
@@ -517,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="drop a request (504) whose batch has not started after this long; "
                         "a request may ask for less with timeout_s (default 60)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
+                        "KEY the file's first line (or set $RANMT_API_KEY)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("export", help="export a TransF checkpoint to CTranslate2 or Hugging Face "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hmac
 import json
 import signal
 import socket
@@ -415,8 +416,10 @@ def model_names(checkpoints: list[str]) -> dict[str, str]:
     return names
 
 
-def create_app(translators: dict[str, Translator], limits: ServeLimits | None = None):
-    """The FastAPI application serving ``translators`` (name -> loaded model)."""
+def create_app(translators: dict[str, Translator], limits: ServeLimits | None = None,
+               api_key: str | None = None):
+    """The FastAPI application serving ``translators`` (name -> loaded model); with
+    ``api_key`` every endpoint but ``/health`` requires ``Authorization: Bearer KEY``."""
     if not translators:
         raise ValueError("serve needs at least one model")
     limits = limits or ServeLimits()
@@ -447,7 +450,13 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     @app.middleware("http")
     async def measure(request: Request, call_next):
         started = time.perf_counter()
-        response = await call_next(request)
+        if api_key is not None and request.url.path != "/health" and \
+                not _authorized(request.headers.get("authorization"), api_key):
+            response = JSONResponse({"error": "missing or wrong API key: send "
+                                              "'Authorization: Bearer KEY'"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        else:
+            response = await call_next(request)
         path = request.url.path
         endpoint = path if path in _ENDPOINTS else "static"
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
@@ -535,6 +544,28 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
 
 
 _ENDPOINTS = {"/translate", "/models", "/health", "/ready", "/metrics"}
+
+API_KEY_ENV = "RANMT_API_KEY"
+
+
+def _authorized(header: str | None, api_key: str) -> bool:
+    """Whether an Authorization header carries ``api_key`` (compared in constant time)."""
+    scheme, _, token = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                                api_key.encode())
+
+
+def read_api_key(path: str | None) -> str | None:
+    """The API key from ``path`` (first line), else ``$RANMT_API_KEY``, else None."""
+    import os
+
+    if path:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ValueError(f"--api-key-file {path}: the first line is empty")
+        return key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def _check_content_type(header: str | None) -> None:
@@ -624,9 +655,21 @@ def launch_server(args: list[str], wait_s: float = 20.0) -> tuple[subprocess.Pop
 
 def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
           device: str = "auto", quantize: str = "none", limits: ServeLimits | None = None,
-          log_level: str = "info") -> None:
+          log_level: str = "info", api_key: str | None = None) -> None:
     """Load the models and serve them until SIGTERM / Ctrl-C."""
+    import ipaddress
+    import logging
+
     import uvicorn
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and api_key is None:
+        logging.getLogger("ranmt.serve").warning(
+            "serving on %s without an API key: anyone who can reach this address can use "
+            "the models and their compute (--api-key-file or $%s)", host, API_KEY_ENV)
 
     class Server(uvicorn.Server):
         """uvicorn re-raises a captured SIGTERM after its graceful shutdown (the process
@@ -640,6 +683,6 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
 
     translators = {name: Translator.load(path, device=device, quantize=quantize)
                    for name, path in model_names(checkpoints).items()}
-    app = create_app(translators, limits)
+    app = create_app(translators, limits, api_key)
     Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                           timeout_graceful_shutdown=30)).run()

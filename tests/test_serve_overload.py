@@ -213,3 +213,24 @@ def _metric_with(client, headers, name: str, **labels) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+def test_openapi_lists_every_request_field_with_the_servers_bounds(translators):
+    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, request_timeout_s=30)
+    with TestClient(create_app(translators, limits)) as client:
+        schema = client.get("/openapi.json").json()
+        assert client.get("/docs").status_code == 200
+    body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
+    request = schema["components"]["schemas"][body["schema"]["$ref"].split("/")[-1]]
+    fields = request["properties"]
+    assert set(fields) == {"text", "model", "beam", "nbest", "attention", "timeout_s"}
+    assert request["required"] == ["text"] and request["additionalProperties"] is False
+    assert fields["text"]["maxItems"] == 10 and fields["text"]["minItems"] == 1
+    assert fields["text"]["items"]["maxLength"] == 200
+    assert (fields["beam"]["minimum"], fields["beam"]["maximum"], fields["beam"]["default"]) \
+        == (1, 8, 4)
+    assert fields["timeout_s"]["anyOf"][0]["maximum"] == 30
+    responses = schema["paths"]["/translate"]["post"]["responses"]
+    assert {"200", "400", "413", "503", "504"} <= set(responses)
+    translation = schema["components"]["schemas"]["Translation"]["properties"]
+    assert {"text", "score", "nbest", "attention"} <= set(translation)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import hmac
-import json
 import signal
 import socket
 import subprocess
@@ -47,6 +47,13 @@ from fastapi.staticfiles import StaticFiles
 
 from ranmt.data.batching import pad_sources
 from ranmt.model import BOS_ID
+from ranmt.serve_schema import (
+    ErrorResponse,
+    RequestError,
+    TranslateResponse,
+    parse_translate,
+    request_model,
+)
 from ranmt.translator import InputTooLongError, Translator
 
 
@@ -71,29 +78,7 @@ class ServeLimits:
     a request may ask for less with ``timeout_s``."""
 
 
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` and a message naming the problem."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 # ------------------------------------------------------------------------------ validation
-
-_FIELDS = {"text", "model", "beam", "nbest", "attention", "timeout_s"}
-
-
-@dataclass
-class TranslateRequest:
-    text: list[str]
-    model: str | None = None
-    beam: int = 4
-    nbest: int = 1
-    attention: bool = False
-    timeout_s: float | None = None
-
 
 def max_body_bytes(limits: ServeLimits) -> int:
     """The largest body a valid request can have (4 bytes per character of UTF-8, JSON
@@ -109,60 +94,22 @@ def check_body_size(size: int, limits: ServeLimits) -> None:
                                 f"{limits.max_chars} characters")
 
 
-def parse_request(body: bytes, limits: ServeLimits) -> TranslateRequest:
-    """Validate a ``/translate`` body field by field; :class:`RequestError` (400) otherwise."""
+def parse_request(body: bytes, limits: ServeLimits):
+    """Validate a ``/translate`` body against the server's request model
+    (:mod:`ranmt.serve_schema`); :class:`RequestError` (4xx naming the field) otherwise."""
     check_body_size(len(body), limits)
-    try:
-        data = json.loads(body)
-    except RecursionError:  # e.g. [[[[...]]]] nested deeper than Python's parser goes
-        raise RequestError(400, "invalid JSON: nested too deeply") from None
-    except (UnicodeDecodeError, ValueError) as err:  # ValueError: also over-long integers
-        raise RequestError(400, f"invalid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, "the body must be a JSON object with a 'text' list")
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise RequestError(400, f"unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")
-    if "text" not in data:
-        raise RequestError(400, "missing field 'text' (a list of lines to translate)")
-    text = data["text"]
-    if not isinstance(text, list) or not all(isinstance(line, str) for line in text):
-        raise RequestError(400, "'text' must be a list of strings")
-    if not text:
-        raise RequestError(400, "'text' is empty: give at least one line")
-    if len(text) > limits.max_lines:
-        raise RequestError(413, f"'text' has {len(text)} lines; at most {limits.max_lines} "
-                                "per request")
-    for number, line in enumerate(text, 1):
-        if len(line) > limits.max_chars:
-            raise RequestError(413, f"line {number} has {len(line)} characters; at most "
-                                    f"{limits.max_chars}")
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError(400, "'model' must be a string (a name from GET /models)")
-    beam = _integer(data, "beam", 4, 1, limits.max_beam)
-    nbest = _integer(data, "nbest", 1, 1, beam)
-    attention = data.get("attention", False)
-    if not isinstance(attention, bool):
-        raise RequestError(400, "'attention' must be true or false")
-    timeout = data.get("timeout_s")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
-                not 0 < timeout <= limits.request_timeout_s:
-            raise RequestError(400, f"'timeout_s' must be a number of seconds above 0 and at "
-                                    f"most {limits.request_timeout_s:g}")
-        timeout = float(timeout)
-    return TranslateRequest(text, model, beam, nbest, attention, timeout)
+    return parse_translate(body, translate_model(limits))
 
 
-def _integer(data: dict, name: str, default: int, low: int, high: int) -> int:
-    value = data.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"'{name}' must be an integer")
-    if not low <= value <= high:
-        bound = "the beam size" if name == "nbest" else str(high)
-        raise RequestError(400, f"'{name}' must be between {low} and {bound}, not {value}")
-    return value
+def translate_model(limits: ServeLimits):
+    """The pydantic model of a ``/translate`` body under ``limits`` (built once per limits)."""
+    return _translate_model(limits.max_lines, limits.max_chars, limits.max_beam,
+                            limits.request_timeout_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _translate_model(max_lines: int, max_chars: int, max_beam: int, timeout_s: float):
+    return request_model(max_lines, max_chars, max_beam, timeout_s)
 
 
 # ------------------------------------------------------------------------------ attention
@@ -440,7 +387,10 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
             worker.cancel()
         executor.shutdown(wait=True)
 
-    app = FastAPI(title="ranmt", lifespan=lifespan)
+    app = FastAPI(title="ranmt", lifespan=lifespan,
+                  description="Neural machine translation with pluggable attention. "
+                              "Every refused request gets {\"error\": \"...\"}.")
+    _document_translate_body(app, translate_model(limits))
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, err: RequestError):
@@ -496,7 +446,17 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
                        "max_queued_tokens": limits.max_queued_tokens,
                        "request_timeout_s": limits.request_timeout_s}}
 
-    @app.post("/translate")
+    @app.post("/translate", response_model=None, responses={
+        200: {"model": TranslateResponse, "description": "one translation per line"},
+        400: {"model": ErrorResponse, "description": "a field is wrong (named)"},
+        401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+        404: {"model": ErrorResponse, "description": "unknown model"},
+        413: {"model": ErrorResponse, "description": "too many lines or characters"},
+        415: {"model": ErrorResponse, "description": "the body is not declared as JSON"},
+        503: {"model": ErrorResponse, "description": "the model's queue is full; see "
+                                                     "Retry-After"},
+        504: {"model": ErrorResponse, "description": "the batch had not started by the "
+                                                     "deadline"}})
     async def translate(request: Request):
         _check_content_type(request.headers.get("content-type"))
         declared = request.headers.get("content-length", "0")
@@ -544,6 +504,28 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
 
 
 _ENDPOINTS = {"/translate", "/models", "/health", "/ready", "/metrics"}
+
+
+def _document_translate_body(app: FastAPI, body_model) -> None:
+    """Put the ``/translate`` body model (read from the raw body by :func:`parse_request`,
+    so FastAPI does not see it) into the app's OpenAPI schema, bounds included."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            body = body_model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(body.pop("$defs", {}))
+            components["TranslateRequest"] = body
+            schema["paths"]["/translate"]["post"]["requestBody"] = {
+                "required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/TranslateRequest"}}}}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 API_KEY_ENV = "RANMT_API_KEY"
 
@@ -602,7 +584,7 @@ def _quantized(translator: Translator) -> bool:
 
 
 def _entries(translator: Translator, ids: list[list[int]], results: list,
-             request: TranslateRequest) -> list[dict[str, Any]]:
+             request) -> list[dict[str, Any]]:
     """The response entries of one request (attention maps computed here, after decoding)."""
     entries = []
     for src_ids, hyps in zip(ids, results):

@@ -158,7 +158,8 @@ def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_pat
 def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, monkeypatch):
     """A SIGTERM'd cell (train returns 'SIGTERM received') is not marked finished, the worker
     exits with status 130 before the next cell, and a rerun resumes and completes the grid;
-    --out moves the whole grid, and a moved results folder still rebuilds its tables."""
+    --out moves the whole grid, and a moved results folder without its run folders and
+    prepared data (a fresh clone) still rebuilds its tables with --tables-only."""
     import shutil
 
     path = _grid(tmp_path)
@@ -186,10 +187,10 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] is True
 
-    moved = tmp_path / "moved"
-    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("run"))
+    moved = tmp_path / "moved"  # what a fresh clone has: cells, no run folders, no data
+    shutil.copytree(out, moved, ignore=shutil.ignore_patterns("run", "data"))
     shutil.rmtree(out)
-    main(["experiment", str(path), "--out", str(moved)])  # nothing to train: tables only
+    main(["experiment", str(path), "--out", str(moved), "--tables-only"])  # prepares the data
     again = json.loads((moved / "results.json").read_text())
     assert again["datasets"] == results["datasets"]
 

@@ -104,3 +104,16 @@ def test_early_stopping_after_patience(reverse_data, tmp_path):
     summary = train(cfg, reverse_data, tmp_path / "run")
     assert summary["steps"] == 15 and "early stopping" in summary["stop_reason"]
     assert summary["best_step"] == 5
+
+
+def test_progress_bar_on_a_terminal_only(reverse_data, tmp_path, monkeypatch):
+    """Redirected stderr (a log file) gets the log lines but no carriage-return frames."""
+    import sys
+
+    from ranmt.train import TrainingRun
+
+    cfg = _cfg(**{"train.max_steps": 1, "train.progress": "true"})
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert TrainingRun(cfg, reverse_data, tmp_path / "a").progress.disable
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert not TrainingRun(cfg, reverse_data, tmp_path / "b").progress.disable

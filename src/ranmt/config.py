@@ -236,7 +236,7 @@ class TrainConfig:
     tensorboard: bool = True
     """Write TensorBoard scalars to RUN/tensorboard."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show a progress bar (on a terminal: with stderr redirected, only the log lines)."""
 
 
 @dataclass

@@ -868,6 +868,9 @@ def write_results(experiment: Experiment, grid: list, log=print,
     """(Re)write results.md and results.json from the finished cells on disk, and a
     comparison against each of ``extra_baselines`` (:func:`write_comparison`)."""
     cells = _read_cells(experiment, grid)
+    for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
+        if any(c["dataset"] == dataset.name for c in cells):
+            _prepare_once(dataset, experiment.out, log)
     for baseline in extra_baselines or []:
         write_comparison(experiment, cells, baseline, log)
     markdown, results = build_tables(experiment, cells)

@@ -328,7 +328,11 @@ class TrainingRun:
         self.last_validated = self.step if self.resume_from is not None else -1
         self.stop_reason: str | None = None
         self.progress = tqdm(total=t.max_steps or None, initial=self.step,
-                             disable=not t.progress or not ctx.is_main, unit="step",
+                             # a bar on a terminal only: redirected to a file, its
+                             # carriage-return frames would fill the log (the log lines
+                             # still reach stderr)
+                             disable=not t.progress or not ctx.is_main
+                             or not sys.stderr.isatty(), unit="step",
                              dynamic_ncols=True, mininterval=2.0, file=sys.stderr)
 
     # ---- the loop

@@ -257,6 +257,18 @@ class DecodeConfig:
     """Hypotheses returned per input."""
     truncate_long: bool = False
     """Truncate inputs longer than model.max_positions (with a warning) instead of failing."""
+    sampling: str = "none"
+    """none (search) | topk | topp | eps: draw nbest samples per input instead (ranmt.sampling)."""
+    topk: int = 0
+    """sampling=topk: the k most probable tokens are kept (0 = all: plain sampling)."""
+    topp: float = 0.9
+    """sampling=topp: the smallest set of tokens holding this much probability is kept."""
+    epsilon: float = 0.02
+    """sampling=eps: tokens of at least this probability are kept."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs are divided by it before the cut)."""
+    seed: int = 0
+    """Seed of the sampling generator (same inputs, settings and seed: same samples)."""
 
 
 @dataclass
@@ -498,8 +510,18 @@ def validate(cfg: Config) -> None:
     d = cfg.decode
     if d.beam < 1:
         raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
-    if d.nbest < 1 or d.nbest > d.beam:
+    if d.sampling not in ("none", "topk", "topp", "eps"):
+        raise ConfigError(f"decode.sampling '{d.sampling}' unknown; choose from none, topk, "
+                          "topp, eps")
+    if d.sampling == "none" and (d.nbest < 1 or d.nbest > d.beam):
         raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
+    if d.nbest < 1:
+        raise ConfigError("decode.nbest (samples per input when sampling) must be >= 1")
+    if d.topk < 0 or not 0.0 < d.topp <= 1.0 or not 0.0 <= d.epsilon < 1.0:
+        raise ConfigError("decode.topk must be >= 0, decode.topp in (0, 1], decode.epsilon "
+                          "in [0, 1)")
+    if not d.temperature > 0.0:
+        raise ConfigError("decode.temperature must be > 0")
     if d.max_len_a < 0 or d.max_len_b < 0:
         raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
     if d.batch_size < 1:

@@ -8,6 +8,12 @@ in both searches, so beam size 1 reproduces greedy decoding exactly.
 Length penalty (normalising the summed log-probability of a finished hypothesis of |Y|
 tokens including EOS): ``gnmt``: ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016), or
 ``fairseq``: ``|Y| ** alpha``.
+
+Target prefixes (``prefix`` (B, P) token ids, right-padded with PAD): for the first
+``len(prefix[b])`` steps sentence b may only write its prefix token, whose log-probability
+counts in the score; the search continues freely after it, and the length limit is raised to
+the prefix length where it is shorter. Sampling (``ranmt.sampling``) runs through
+:func:`greedy_search` with another ``pick``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
 @torch.no_grad()
 def greedy_search_reference(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
                             max_len_b: int = 10, limit: int | None = None,
-                            fixed_length: int | None = None
+                            fixed_length: int | None = None, prefix: Tensor | None = None
                             ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]`` (the reference:
     growing caches, every sentence stays in the batch until all are done)."""
@@ -50,16 +56,15 @@ def greedy_search_reference(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
     cache = model.init_cache(memory, pad_mask)
     batch = src.shape[0]
     caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, src.device), limit)
+    everyone = torch.arange(batch, device=src.device)
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)
     tokens = torch.zeros(batch, 0, dtype=torch.long, device=src.device)
     scores = torch.zeros(batch, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
     for step in range(int(caps.max()) + 1):
         logprobs = model.decode_step(prev, cache)  # (B, V)
-        _suppress_early_eos(logprobs, step, fixed_length)
-        force_eos = step >= caps
-        if bool(force_eos.any()):
-            logprobs[force_eos] = _only_eos(logprobs[force_eos])
+        _constrain(logprobs, step, fixed_length, caps, prefix, everyone)
         best_score, best = logprobs.max(dim=-1)
         best = best.masked_fill(finished, PAD_ID)
         scores += best_score.masked_fill(finished, 0.0)
@@ -99,11 +104,58 @@ def _only_eos(logprobs: Tensor) -> Tensor:
     return out
 
 
+def prefix_lengths(prefix: Tensor | None, batch: int, device) -> Tensor:
+    """(B,) number of prefix tokens per sentence (0 without a prefix)."""
+    if prefix is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    if prefix.dim() != 2 or prefix.shape[0] != batch:
+        raise ValueError(f"prefix must be (batch={batch}, P) token ids, not "
+                         f"{tuple(prefix.shape)}")
+    if bool(prefix.eq(EOS_ID).any()):
+        raise ValueError("a target prefix may not contain EOS")
+    return prefix.ne(PAD_ID).sum(1)
+
+
+def _caps_with_prefix(caps: Tensor, prefix_len: Tensor, limit: int) -> Tensor:
+    """Output length limits raised to the prefix length (checked against ``limit``)."""
+    if bool(prefix_len.gt(limit).any()):
+        raise ValueError(f"a target prefix of {int(prefix_len.max())} tokens is longer than "
+                         f"the model's output limit of {limit} tokens")
+    return torch.maximum(caps, prefix_len)
+
+
+def _force_prefix(logprobs: Tensor, step: int, prefix: Tensor | None, sentences: Tensor
+                  ) -> None:
+    """Rows (n, V) of ``sentences`` (n,) still inside their prefix at ``step`` may only write
+    the prefix token, with its own log-probability (in place)."""
+    if prefix is None or step >= prefix.shape[1]:
+        return
+    wanted = prefix[sentences, step]  # (n,)
+    rows = wanted.ne(PAD_ID).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    tokens = wanted[rows]
+    kept = logprobs[rows, tokens]
+    logprobs[rows] = float("-inf")
+    logprobs[rows, tokens] = kept
+
+
+def _constrain(logprobs: Tensor, step: int, fixed_length: int | None, caps: Tensor,
+               prefix: Tensor | None, sentences: Tensor) -> None:
+    """All per-step constraints on rows (n, V) of ``sentences`` (n,) with limits ``caps``
+    (n,), in place: no EOS before a fixed length, only EOS at the limit, the prefix."""
+    _suppress_early_eos(logprobs, step, fixed_length)
+    force_eos = step >= caps
+    if bool(force_eos.any()):
+        logprobs[force_eos] = _only_eos(logprobs[force_eos])
+    _force_prefix(logprobs, step, prefix, sentences)
+
+
 @torch.no_grad()
 def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
                           lenpen_style: str = "gnmt", max_len_a: float = 1.2,
                           max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
-                          fixed_length: int | None = None
+                          fixed_length: int | None = None, prefix: Tensor | None = None
                           ) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``
     (the reference: growing caches, bookkeeping in Python per sentence).
@@ -117,6 +169,7 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     batch = src.shape[0]
     memory, pad_mask, _ = model.encode(src)
     caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)
+    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
     # Every sentence has `beam` decoder rows: row b*beam + k is beam k of sentence b; the
     # memory side of the cache stays per sentence where the cross-attention allows it.
     cache = model.init_cache(memory, pad_mask, group=beam)
@@ -132,11 +185,9 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
         n_active = active.numel()
         logprobs = model.decode_step(prev, cache)  # (n*beam, V)
         vocab = logprobs.shape[-1]
-        _suppress_early_eos(logprobs, step, fixed_length)
-        caps = caps_all[active].repeat_interleave(beam)
-        force = step >= caps
-        if bool(force.any()):
-            logprobs[force] = _only_eos(logprobs[force])
+        rows_sentences = active.repeat_interleave(beam)
+        _constrain(logprobs, step, fixed_length, caps_all[rows_sentences], prefix,
+                   rows_sentences)
         # The best 2k extensions of a sentence are among the best 2k tokens of each of its
         # beams (adding a beam's score does not reorder its row), so select per row first
         # and then among beam * 2k candidates: no (beam x V) sum and no top-k over it.
@@ -205,18 +256,22 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
 
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
-                  limit: int | None = None, fixed_length: int | None = None
+                  limit: int | None = None, fixed_length: int | None = None,
+                  prefix: Tensor | None = None, pick=None
                   ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``.
 
     The fast path: histories in static caches, tokens written into one (B, max_len + 1)
     tensor, finished sentences leave the batch. Same output as
-    :func:`greedy_search_reference`.
+    :func:`greedy_search_reference`. ``pick`` (log-probs (n, V) -> (scores (n,), tokens
+    (n,))) replaces the arg-max: a sampler (``ranmt.sampling``); the scores it returns are
+    what the hypothesis' score sums.
     """
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = model.encode(src)
     batch, device = src.shape[0], src.device
     caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, device), limit)
     capacity = int(caps.max()) + 1
     cache = model.init_cache(memory, pad_mask, capacity=capacity)
     tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
@@ -226,11 +281,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (n, V)
-        _suppress_early_eos(logprobs, step, fixed_length)
-        force_eos = step >= caps[active]
-        if bool(force_eos.any()):
-            logprobs[force_eos] = _only_eos(logprobs[force_eos])
-        best_score, best = logprobs.max(dim=-1)  # (n,)
+        _constrain(logprobs, step, fixed_length, caps[active], prefix, active)
+        best_score, best = logprobs.max(dim=-1) if pick is None else pick(logprobs)  # (n,)
         scores[active] += best_score
         tokens[active, step] = best
         ended = best.eq(EOS_ID)
@@ -337,8 +389,8 @@ def _next_beams(extends: Tensor, top_scores: Tensor, beam: int) -> tuple[Tensor,
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
                 lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-                nbest: int = 1, limit: int | None = None, fixed_length: int | None = None
-                ) -> list[list[tuple[list[int], float]]]:
+                nbest: int = 1, limit: int | None = None, fixed_length: int | None = None,
+                prefix: Tensor | None = None) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``.
 
     The fast path of :func:`beam_search_reference` (same hypotheses, same scores): static
@@ -351,6 +403,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     device, batch = src.device, src.shape[0]
     memory, pad_mask, _ = model.encode(src)
     caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
     capacity = int(caps_all.max()) + 1
     cache = model.init_cache(memory, pad_mask, group=beam, capacity=capacity)
     finished = _Finished(batch, beam, capacity, device)
@@ -362,10 +415,9 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     for step in range(capacity):
         n_active = active.numel()
         logprobs = model.decode_step(prev, cache)  # (n*beam, V)
-        _suppress_early_eos(logprobs, step, fixed_length)
-        force = (step >= caps_all[active]).repeat_interleave(beam)
-        if bool(force.any()):
-            logprobs[force] = _only_eos(logprobs[force])
+        rows_sentences = active.repeat_interleave(beam)
+        _constrain(logprobs, step, fixed_length, caps_all[rows_sentences], prefix,
+                   rows_sentences)
         # As in the reference: the best 2k tokens of each row, then the best 2k of the
         # sentence's beam * 2k candidates.
         width = min(2 * beam, logprobs.shape[-1])
@@ -401,17 +453,18 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
 
 def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
            lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-           nbest: int = 1, fixed_length: int | None = None, reference: bool = False
-           ) -> list[list[tuple[list[int], float]]]:
+           nbest: int = 1, fixed_length: int | None = None, reference: bool = False,
+           prefix: Tensor | None = None) -> list[list[tuple[list[int], float]]]:
     """Greedy search for ``beam == 1``, beam search otherwise (the fast path unless
     ``reference``). ``fixed_length`` L: every hypothesis has exactly L tokens (EOS is not
     allowed before, and forced at, L), for speed measurements independent of what a model
-    happens to write."""
+    happens to write. ``prefix`` (B, P): forced target prefixes (see the module docstring)."""
     if beam < 1:
         raise ValueError(f"beam size must be >= 1, not {beam}")
     greedy = greedy_search_reference if reference else greedy_search
     beam_fn = beam_search_reference if reference else beam_search
     if beam == 1:
-        return greedy(model, src, max_len_a, max_len_b, fixed_length=fixed_length)
+        return greedy(model, src, max_len_a, max_len_b, fixed_length=fixed_length,
+                      prefix=prefix)
     return beam_fn(model, src, beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest,
-                   fixed_length=fixed_length)
+                   fixed_length=fixed_length, prefix=prefix)

@@ -4,6 +4,12 @@ Raw text in, detokenized text out, one output per input in input order. An empty
 whitespace-only) input gives an empty output without running the model. An input longer
 than ``model.max_positions`` subwords (EOS included) is an error naming its line and
 length, unless ``truncate_long`` is set, in which case it is cut with a warning.
+
+Beyond beam search (see the README's "Decoding" section): ``prefixes`` force the start of
+each output (``ranmt.decode``); ``decode.sampling`` draws ``nbest`` samples per input
+(``ranmt.sampling``); :meth:`Translator.score` gives the model's log-probabilities of given
+translations and :meth:`Translator.translate_detailed` word alignments (``ranmt.scoring``);
+``Translator.load([a, b, ...])`` decodes with an ensemble (``ranmt.ensemble``).
 """
 
 from __future__ import annotations
@@ -22,10 +28,27 @@ from ranmt.config import DecodeConfig
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
 from ranmt.decode import search
+from ranmt.ensemble import Ensemble
+from ranmt.sampling import Sampler, sample
+from ranmt.scoring import PairScore, align, score_targets, word_alignment
 
 
 class InputTooLongError(ValueError):
     pass
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    """One output of :meth:`Translator.translate_detailed`."""
+
+    text: str
+    score: float
+    """Length-normalised log-probability (beam search), or the summed log-probability
+    (greedy search, sampling)."""
+    tokens: list[int]
+    """Target subword ids (no BOS/EOS)."""
+    alignment: list[tuple[int, int]] | None = None
+    """(source word, target word) pairs, 0-based, when asked for."""
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -53,10 +76,12 @@ class Translator:
         more than one batch; the CLI turns it on when stderr is a terminal."""
 
     @classmethod
-    def load(cls, checkpoint: str | Path, device: str = "auto", quantize: str = "none",
-             **decode_overrides) -> Translator:
+    def load(cls, checkpoint: str | Path | list[str | Path], device: str = "auto",
+             quantize: str = "none", **decode_overrides) -> Translator:
         """Load a run directory or checkpoint; ``decode_overrides`` set decode fields.
 
+        Several checkpoints (a list of more than one) decode as an ensemble; they must have
+        the same SentencePiece models (the decoding settings are the first one's).
         ``quantize="int8"``: int8 dynamic quantization of the linear layers (CPU only;
         see :mod:`ranmt.quantize`)."""
         from ranmt.quantize import quantize_model
@@ -64,8 +89,17 @@ class Translator:
         device_ = pick_device(device)
         if quantize != "none" and device_.type != "cpu":
             raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
-        model, config, _, directory = load_checkpoint(checkpoint, device_)
+        paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
+        if not paths:
+            raise ValueError("no checkpoint given")
+        loaded = [load_checkpoint(path, device_) for path in paths]
+        model, config, _, directory = loaded[0]
         model = quantize_model(model, quantize)
+        if len(loaded) > 1:
+            _check_same_vocabularies([item[3] for item in loaded])
+            model = Ensemble([model] + [quantize_model(item[0], quantize)
+                                        for item in loaded[1:]])
+            config = dataclasses.replace(config, model=model.config)
         for key, value in decode_overrides.items():
             if value is None:
                 continue
@@ -95,12 +129,17 @@ class Translator:
             out.append(seq)
         return out
 
-    def translate_ids(self, ids: list[list[int]], first_line: int = 1, **decode_overrides
+    def translate_ids(self, ids: list[list[int]], first_line: int = 1,
+                      prefixes: list[list[int]] | None = None, **decode_overrides
                       ) -> list[list[tuple[list[int], float]]]:
-        """Token ids in -> per input its n-best ``(target ids, score)``, input order.
+        """Token ids in -> per input its n-best ``(target ids, score)``, input order (with
+        ``decode.sampling``: its ``nbest`` samples in the order drawn).
 
+        ``prefixes``: per input the target ids its outputs start with (``[]``: none).
         ``decode_overrides`` (e.g. ``beam=2, nbest=2``) apply to this call only."""
         ids = self.check_lengths(ids, first_line)
+        if prefixes is not None and len(prefixes) != len(ids):
+            raise ValueError(f"{len(ids)} inputs but {len(prefixes)} prefixes")
         d = dataclasses.replace(self.decode_config, **decode_overrides)
         results: list = [None] * len(ids)
         nonempty = [i for i, seq in enumerate(ids) if len(seq) > 0]
@@ -115,11 +154,13 @@ class Translator:
             bar = tqdm(total=len(nonempty), unit="sent", file=sys.stderr, leave=True,
                        dynamic_ncols=True, disable=not self.progress or len(batches) <= 1)
             generated = 0
-            for batch in batches:
+            for number, batch in enumerate(batches):
                 rows = [nonempty[j] for j in batch]
                 src = pad_sources([ids[r] for r in rows]).to(self.device)
-                hyps = search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
-                              d.max_len_b, d.nbest)
+                prefix = None
+                if prefixes is not None and any(prefixes[r] for r in rows):
+                    prefix = _pad_prefixes([prefixes[r] for r in rows]).to(self.device)
+                hyps = self._decode_batch(src, prefix, d, seed=d.seed + number)
                 limit = self.config.model.max_positions - 1
                 generated += sum(len(hyp[0][0]) + 1 for hyp in hyps)
                 bar.update(len(rows))
@@ -135,18 +176,111 @@ class Translator:
             bar.close()
         return results
 
-    def translate(self, sentences: list[str], first_line: int = 1) -> list[str]:
-        """Raw sentences in -> best detokenized translation of each, same order."""
-        nbest = self.translate_nbest(sentences, first_line)
+    def _decode_batch(self, src, prefix, d: DecodeConfig, seed: int):
+        """One padded batch src (B, S) -> per sentence its hypotheses."""
+        if d.sampling != "none":
+            sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
+            return sample(self.model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b,
+                          prefix)
+        return search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
+                      d.max_len_b, d.nbest, prefix=prefix)
+
+    def encode_sources(self, sentences: list[str]) -> list[list[int]]:
+        """Raw sentences -> source subword ids (an empty or blank line -> [])."""
+        stripped = [s.strip() for s in sentences]
+        return [self.src_vocab.encode([s])[0] if s else [] for s in stripped]
+
+    def encode_targets(self, sentences: list[str]) -> list[list[int]]:
+        """Raw target-side text (references, prefixes) -> target subword ids."""
+        stripped = [s.strip() for s in sentences]
+        return [self.tgt_vocab.encode([s])[0] if s else [] for s in stripped]
+
+    def translate(self, sentences: list[str], first_line: int = 1,
+                  prefixes: list[str] | None = None) -> list[str]:
+        """Raw sentences in -> best detokenized translation of each, same order.
+        ``prefixes``: per sentence the text its translation starts with ("" for none)."""
+        nbest = self.translate_nbest(sentences, first_line, prefixes)
         return [hyps[0][0] for hyps in nbest]
 
-    def translate_nbest(self, sentences: list[str], first_line: int = 1
-                        ) -> list[list[tuple[str, float]]]:
-        stripped = [s.strip() for s in sentences]
-        ids = [self.src_vocab.encode([s])[0] if s else [] for s in stripped]
-        results = self.translate_ids(ids, first_line)
-        return [[(self.tgt_vocab.decode([seq])[0], score) for seq, score in hyps]
-                for hyps in results]
+    def translate_nbest(self, sentences: list[str], first_line: int = 1,
+                        prefixes: list[str] | None = None) -> list[list[tuple[str, float]]]:
+        """Raw sentences in -> per sentence its n-best (or samples) ``(text, score)``."""
+        return [[(hyp.text, hyp.score) for hyp in hyps]
+                for hyps in self.translate_detailed(sentences, first_line, prefixes)]
+
+    def translate_detailed(self, sentences: list[str], first_line: int = 1,
+                           prefixes: list[str] | None = None, alignment: bool = False,
+                           alignment_layer: int | None = None) -> list[list[Hypothesis]]:
+        """Raw sentences in -> per sentence its hypotheses with their subword ids and, with
+        ``alignment``, word alignments (``ranmt.scoring``: the cross-attention of
+        ``alignment_layer``, the penultimate decoder layer by default)."""
+        ids = self.encode_sources(sentences)
+        prefix_ids = None if prefixes is None else self.encode_targets(prefixes)
+        results = self.translate_ids(ids, first_line, prefix_ids)
+        detailed = [[Hypothesis(self.tgt_vocab.decode([seq])[0], score, seq)
+                     for seq, score in hyps] for hyps in results]
+        if alignment:
+            flat = [(row, hyp) for row, hyps in enumerate(detailed) for hyp in hyps]
+            pairs = self.align_ids([ids[row] for row, _ in flat], [hyp.tokens for _, hyp in flat],
+                                   alignment_layer)
+            for (row, hyp), subword_pairs in zip(flat, pairs):
+                hyp.alignment = word_alignment(
+                    subword_pairs, self._pieces(self.src_vocab, ids[row]),
+                    self._pieces(self.tgt_vocab, hyp.tokens))
+        return detailed
+
+    @staticmethod
+    def _pieces(vocab: Vocab, ids: list[int]) -> list[str]:
+        return [vocab.processor.id_to_piece(i) for i in ids]
+
+    def _pairs_in_batches(self, sources: list[list[int]], targets: list[list[int]], run):
+        """Apply ``run(src (B, S), targets)`` over length-sorted batches of non-empty pairs;
+        results in input order (None for a pair with an empty side)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        out: list = [None] * len(sources)
+        usable = [i for i in range(len(sources)) if sources[i] and targets[i]]
+        if not usable:
+            return out
+        lengths = np.array([len(sources[i]) + len(targets[i]) for i in usable])
+        tokens = self.decode_config.batch_size * (int(lengths.max()) + 2)
+        self.model.eval()
+        for batch in make_batches(lengths, lengths, tokens, self.decode_config.batch_size):
+            rows = [usable[j] for j in batch]
+            src = pad_sources([sources[r] for r in rows]).to(self.device)
+            for row, value in zip(rows, run(src, [targets[r] for r in rows])):
+                out[row] = value
+        return out
+
+    def align_ids(self, sources: list[list[int]], targets: list[list[int]],
+                  layer: int | None = None) -> list[list[tuple[int, int]]]:
+        """Subword alignments (source index, target index) of id pairs (``ranmt.scoring``)."""
+        sources = self.check_lengths(sources)
+        pairs = self._pairs_in_batches(sources, targets,
+                                       lambda src, tgt: align(self.model, src, tgt, layer))
+        return [value or [] for value in pairs]
+
+    def score(self, sources: list[str], targets: list[str], first_line: int = 1
+              ) -> list[PairScore | None]:
+        """The model's log-probabilities of given translations: per pair a
+        :class:`ranmt.scoring.PairScore` (None where either side is empty)."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        return self.score_ids(self.encode_sources(sources), self.encode_targets(targets),
+                              first_line)
+
+    def score_ids(self, sources: list[list[int]], targets: list[list[int]],
+                  first_line: int = 1) -> list[PairScore | None]:
+        sources = self.check_lengths(sources, first_line)
+        limit = self.config.model.max_positions - 1
+        for offset, target in enumerate(targets):
+            if len(target) > limit:
+                raise InputTooLongError(f"target line {first_line + offset}: {len(target)} "
+                                        f"subwords, longer than the model's limit of {limit}")
+        d = self.decode_config
+        return self._pairs_in_batches(
+            sources, targets,
+            lambda src, tgt: score_targets(self.model, src, tgt, d.lenpen, d.lenpen_style))
 
     def translate_stream(self, lines: Iterator[str], chunk: int = 1000) -> Iterator[str]:
         """Translate an iterator of lines chunk by chunk, yielding outputs in order."""
@@ -160,3 +294,24 @@ class Translator:
                 buffer = []
         if buffer:
             yield from self.translate(buffer, line_no)
+
+
+def _pad_prefixes(prefixes: list[list[int]]) -> torch.Tensor:
+    """Per sentence its prefix ids -> (B, P) right-padded with PAD (0)."""
+    width = max(len(p) for p in prefixes)
+    out = torch.zeros(len(prefixes), width, dtype=torch.long)
+    for row, ids in enumerate(prefixes):
+        out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
+def _check_same_vocabularies(directories: list[Path]) -> None:
+    """Ensemble members must share the SentencePiece models byte for byte."""
+    for side in ("src", "tgt"):
+        first = (directories[0] / f"spm.{side}.model").read_bytes()
+        for directory in directories[1:]:
+            if (directory / f"spm.{side}.model").read_bytes() != first:
+                raise ValueError(
+                    f"cannot ensemble {directories[0]} and {directory}: their "
+                    f"{'source' if side == 'src' else 'target'} vocabularies (spm.{side}.model) "
+                    "differ; ensemble members must be trained on the same prepared data")

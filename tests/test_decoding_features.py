@@ -14,8 +14,13 @@ import pytest
 import torch
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import (beam_search, beam_search_reference, greedy_search,
-                          greedy_search_reference, search)
+from ranmt.decode import (
+    beam_search,
+    beam_search_reference,
+    greedy_search,
+    greedy_search_reference,
+    search,
+)
 from ranmt.ensemble import Ensemble
 from ranmt.model import EOS_ID, PAD_ID
 from ranmt.sampling import Sampler, sample

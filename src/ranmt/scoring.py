@@ -82,14 +82,11 @@ def _cross_layer(model, layer: int | None) -> int:
     index = index + count if index < 0 else index
     if not 0 <= index < count:
         raise ValueError(f"alignment layer {layer} is out of range for {count} decoder layers")
-    while index >= 0 and decoder_layers[index].cross_attention is None:
-        index -= 1
-    if index < 0:
-        index = next((i for i in range(count) if decoder_layers[i].cross_attention is not None),
-                     -1)
-    if index < 0:
+    with_cross = [i for i in range(count) if decoder_layers[i].cross_attention is not None]
+    if not with_cross:
         raise ValueError("the model has no cross-attention to align with")
-    return max(index, 0)
+    lower = [i for i in with_cross if i <= index]
+    return lower[-1] if lower else with_cross[0]
 
 
 @torch.inference_mode()

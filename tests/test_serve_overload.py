@@ -21,6 +21,7 @@ from ranmt.serve import (  # noqa: E402
     QueueFullError,
     RequestError,
     ServeLimits,
+    Work,
     create_app,
     wait_for_job,
 )
@@ -87,9 +88,12 @@ def test_a_request_whose_batch_has_not_started_by_its_deadline_gets_504(translat
         assert client.post("/translate", json={"text": ["a"], "timeout_s": 9}).status_code == 400
 
 
+GREEDY = Work("translate", beam=1, nbest=1)
+
+
 def _job_batcher(calls: list) -> Batcher:
     class Recorder:
-        def translate_ids(self, ids, beam, nbest):
+        def translate_ids(self, ids, prefixes=None, **overrides):
             calls.append(ids)
             return [[([1], 0.0)] for _ in ids]
 
@@ -106,8 +110,8 @@ def test_a_client_that_leaves_has_its_queued_work_dropped():
 
     async def scenario():
         batcher = _job_batcher(calls)
-        gone = batcher.submit([[5, 6, 7]], 1, 1, timeout_s=30)
-        kept = batcher.submit([[8, 9]], 1, 1, timeout_s=30)
+        gone = batcher.submit([[5, 6, 7]], GREEDY, timeout_s=30)
+        kept = batcher.submit([[8, 9]], GREEDY, timeout_s=30)
         assert batcher.queued_tokens == 7 and batcher.queued_requests == 2
 
         async def disconnected():
@@ -132,9 +136,9 @@ def test_deadline_and_admission_in_the_batcher():
     async def scenario():
         batcher = _job_batcher([])
         batcher.limits.max_queued_tokens = 5
-        job = batcher.submit([[1, 2, 3]], 1, 1, timeout_s=0.05)
+        job = batcher.submit([[1, 2, 3]], GREEDY, timeout_s=0.05)
         with pytest.raises(QueueFullError) as full:
-            batcher.submit([[4, 5]], 1, 1, timeout_s=1)
+            batcher.submit([[4, 5]], GREEDY, timeout_s=1)
         assert full.value.status == 503 and full.value.retry_after >= 1
 
         async def connected():
@@ -143,7 +147,7 @@ def test_deadline_and_admission_in_the_batcher():
         with pytest.raises(RequestError) as late:
             await wait_for_job(batcher, job, connected)
         assert late.value.status == 504 and batcher.queued_tokens == 0
-        big = batcher.submit([[1] * 20], 1, 1, timeout_s=1)  # alone in an empty queue: taken
+        big = batcher.submit([[1] * 20], GREEDY, timeout_s=1)  # alone in an empty queue: taken
         assert big.tokens == 21
 
     asyncio.run(scenario())
@@ -229,7 +233,9 @@ def test_openapi_lists_every_request_field_with_the_servers_bounds(translators):
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
     request = schema["components"]["schemas"][body["schema"]["$ref"].split("/")[-1]]
     fields = request["properties"]
-    assert set(fields) == {"text", "model", "beam", "nbest", "attention", "timeout_s"}
+    assert set(fields) == {"text", "model", "beam", "nbest", "attention", "timeout_s", "prefix",
+                           "alignment", "sampling", "topk", "topp", "epsilon", "temperature",
+                           "seed"}
     assert request["required"] == ["text"] and request["additionalProperties"] is False
     assert fields["text"]["maxItems"] == 10 and fields["text"]["minItems"] == 1
     assert fields["text"]["items"]["maxLength"] == 200

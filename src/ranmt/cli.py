@@ -70,43 +70,113 @@ def _load_translator(args):
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, not {args.batch_size}")
     nbest = getattr(args, "nbest", None)
-    if nbest is not None and (nbest < 1 or nbest > (args.beam or 4)):
-        raise ValueError("--nbest must be between 1 and the beam size")
+    sampling = getattr(args, "sampling", None)
+    if nbest is not None and nbest < 1:
+        raise ValueError("--nbest must be >= 1")
+    if nbest is not None and not sampling and nbest > (args.beam or 4):
+        raise ValueError("--nbest must be between 1 and the beam size (or the number of "
+                         "samples with --sampling)")
     for name in ("max_len_a", "max_len_b"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
-    translator = Translator.load(args.checkpoint, device=args.device, quantize=args.quantize,
+    if sampling:
+        from ranmt.sampling import Sampler
+
+        Sampler(sampling, _given(args.topk, 0), _given(args.topp, 0.9),
+                _given(args.epsilon, 0.02), _given(args.temperature, 1.0))  # validates
+    elif any(getattr(args, name, None) is not None
+             for name in ("topk", "topp", "epsilon", "temperature", "seed")):
+        raise ValueError("--topk/--topp/--epsilon/--temperature/--seed go with --sampling")
+    sampling_options = ({"sampling": sampling, "topk": args.topk, "topp": args.topp,
+                         "epsilon": args.epsilon, "temperature": args.temperature,
+                         "seed": args.seed} if sampling else {})
+    checkpoints = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
+    translator = Translator.load(checkpoints, device=args.device, quantize=args.quantize,
                                  beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
                                  max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                                 nbest=nbest, truncate_long=True if args.truncate_long else None)
+                                 nbest=nbest, truncate_long=True if args.truncate_long else None,
+                                 **sampling_options)
     # A progress bar on stderr only where someone watches it: not into logs or pipes.
     translator.progress = not args.quiet and sys.stderr.isatty()
     return translator
 
 
+def _given(value, default):
+    return default if value is None else value
+
+
 def _cmd_translate(args) -> None:
     from ranmt.data.text import decode_lines, read_lines, write_lines
 
+    if args.alignment_layer is not None and not args.alignments:
+        raise ValueError("--alignment-layer goes with --alignments")
     translator = _load_translator(args)
     if args.input:
         lines = read_lines(args.input, args.errors)
-    elif sys.stdin.isatty():  # interactive: one line at a time
+    elif sys.stdin.isatty() and not (args.prefix or args.score_target):  # interactive
         for line in sys.stdin:
-            print(translator.translate([line.rstrip("\n")])[0], flush=True)
+            print(_translation_lines(translator, [line.rstrip("\n")], None, args)[0],
+                  flush=True)
         return
     else:
         lines = decode_lines(sys.stdin.buffer.read(), "<stdin>", args.errors)
-    if args.nbest and args.nbest > 1:
-        results = translator.translate_nbest(lines)
-        out = [f"{i}\t{score:.4f}\t{text}" for i, hyps in enumerate(results)
-               for text, score in hyps]
+    if args.score_target:
+        out = _score_lines(translator, lines, _paired(args.score_target, lines, args.errors,
+                                                      "--score-target"))
     else:
-        out = translator.translate(lines)
+        prefixes = (_paired(args.prefix, lines, args.errors, "--prefix")
+                    if args.prefix else None)
+        out = _translation_lines(translator, lines, prefixes, args)
     if args.output:
         write_lines(args.output, out)
     else:
         sys.stdout.write("".join(line + "\n" for line in out))
         sys.stdout.flush()
+
+
+def _paired(path: str, lines: list[str], errors: str, option: str) -> list[str]:
+    """The lines of ``path``, one per input line (an error naming both counts otherwise)."""
+    from ranmt.data.text import read_lines
+
+    paired = read_lines(path, errors)
+    if len(paired) != len(lines):
+        raise ValueError(f"{option} {path} has {len(paired)} lines but the input has "
+                         f"{len(lines)}; give one line per input line")
+    return paired
+
+
+def _translation_lines(translator, lines: list[str], prefixes: list[str] | None,
+                       args) -> list[str]:
+    """Output lines: the text (n-best or samples: ``index<TAB>score<TAB>text``), followed by
+    `` ||| i-j ...`` word alignments with --alignments."""
+    results = translator.translate_detailed(lines, prefixes=prefixes,
+                                            alignment=args.alignments,
+                                            alignment_layer=args.alignment_layer)
+
+    def text(hyp) -> str:
+        if not args.alignments:
+            return hyp.text
+        from ranmt.scoring import format_alignment
+
+        return f"{hyp.text} ||| {format_alignment(hyp.alignment or [])}"
+
+    if args.nbest and args.nbest > 1:
+        return [f"{i}\t{hyp.score:.4f}\t{text(hyp)}" for i, hyps in enumerate(results)
+                for hyp in hyps]
+    return [text(hyps[0]) for hyps in results]
+
+
+def _score_lines(translator, sources: list[str], targets: list[str]) -> list[str]:
+    """``normalized<TAB>total<TAB>per-token log-probs`` per pair (``nan`` for an empty side);
+    the per-token values are the target subwords' and then EOS's."""
+    lines = []
+    for pair in translator.score(sources, targets):
+        if pair is None:
+            lines.append("nan\tnan\t")
+            continue
+        tokens = " ".join(f"{value:.4f}" for value in pair.token_logprobs)
+        lines.append(f"{pair.normalized:.4f}\t{pair.total:.4f}\t{tokens}")
+    return lines
 
 
 def _metrics(args) -> list[str]:
@@ -178,6 +248,8 @@ def _cmd_evaluate(args) -> None:
     result = score(hyps, refs, metrics, meta.get("tgt_lang", ""), args.compound_split)
     result.update({"split": args.split, "sentences": len(hyps),
                    "checkpoint": str(translator.checkpoint_dir),
+                   **({"ensemble": [str(c) for c in args.checkpoint]}
+                      if len(args.checkpoint) > 1 else {}),
                    "beam": translator.decode_config.beam,
                    "lenpen": translator.decode_config.lenpen})
     if args.json:
@@ -297,8 +369,10 @@ def _info(message: str) -> None:
 
 
 def _decode_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True,
-                        help="run directory (its best checkpoint) or a checkpoint")
+    parser.add_argument("--checkpoint", required=True, action="append",
+                        help="run directory (its best checkpoint) or a checkpoint; repeat it "
+                             "to decode with an ensemble (the mean of the models' "
+                             "log-probabilities; same prepared data required)")
     parser.add_argument("--beam", type=int, help="beam size (default from the config: 4)")
     parser.add_argument("--lenpen", type=float, help="length penalty alpha (default 0.6)")
     parser.add_argument("--batch-size", type=int, help="sentences per batch (default 64)")
@@ -395,8 +469,31 @@ def build_parser() -> argparse.ArgumentParser:
     _decode_options(p)
     p.add_argument("--input", help="input file (default stdin)")
     p.add_argument("--output", help="output file (default stdout)")
-    p.add_argument("--nbest", type=int, help="print the n best hypotheses: idx<TAB>score<TAB>text")
+    p.add_argument("--nbest", type=int, help="print the n best hypotheses (the number of "
+                   "samples with --sampling): idx<TAB>score<TAB>text")
     p.add_argument("--errors", default="strict", choices=["strict", "replace"])
+    p.add_argument("--prefix", metavar="FILE",
+                   help="target prefixes, one line per input line (empty: none): each "
+                        "translation starts with its prefix and continues from it")
+    p.add_argument("--alignments", action="store_true",
+                   help="append ' ||| i-j ...' word alignments (source word i, target word j) "
+                        "from the cross-attention")
+    p.add_argument("--alignment-layer", type=int, metavar="L",
+                   help="decoder layer whose head-averaged cross-attention aligns (default "
+                        "-2: the penultimate; negative counts from the top)")
+    p.add_argument("--score-target", metavar="FILE",
+                   help="score these translations of the input instead of translating: "
+                        "per line normalized<TAB>total<TAB>per-token log-probs")
+    group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
+    group.add_argument("--sampling", choices=["topk", "topp", "eps"],
+                       help="topk: the k most probable tokens; topp: nucleus (the smallest "
+                            "set holding P); eps: tokens of probability >= epsilon")
+    group.add_argument("--topk", type=int, help="topk: k (default 0 = the whole vocabulary)")
+    group.add_argument("--topp", type=float, help="topp: P (default 0.9)")
+    group.add_argument("--epsilon", type=float, help="eps: epsilon (default 0.02)")
+    group.add_argument("--temperature", type=float, help="divide log-probs by T (default 1)")
+    group.add_argument("--seed", type=int, help="seed: same inputs and seed, same samples "
+                                                "(default 0)")
     p.set_defaults(func=_cmd_translate)
 
     p = sub.add_parser("score", help="score hypotheses with sacreBLEU (+ paired bootstrap)")

@@ -1,25 +1,28 @@
 """``ranmt serve``: trained models behind an HTTP API (FastAPI + uvicorn), batched dynamically.
 
-Endpoints:
+Endpoints (bodies and bounds: :mod:`ranmt.serve_schema`, ``/openapi.json``, docs/SERVING.md):
 
-* ``POST /translate`` ``{"text": ["...", ...], "model": NAME, "beam": 4, "nbest": 1,
-  "attention": false}`` (only ``text`` required) -> ``{"model": NAME, "translations": [...]}``,
-  one entry per input line in input order: ``{"text", "score"}`` plus ``"nbest"`` (a list of
-  ``{"text", "score"}``) when ``nbest`` > 1 and ``"attention"`` when asked (see
-  :func:`attention_maps`).
-* ``GET /models``: the loaded models by name, with their architecture and limits.
-* ``GET /health``: ``{"status": "ok", ...}`` with request and batch counters.
+* ``POST /translate`` ``{"text": ["...", ...]}`` plus optional ``model``, ``beam``, ``nbest``,
+  ``attention``, ``alignment``, ``prefix`` (one target prefix per line), ``sampling``
+  (``topk``/``topp``/``eps`` with ``topk``, ``topp``, ``epsilon``, ``temperature``,
+  ``seed``) and ``timeout_s`` -> ``{"model": NAME, "translations": [...]}``, one entry per
+  input line in input order: ``{"text", "score"}`` plus ``"nbest"`` when ``nbest`` > 1,
+  ``"alignment"`` and ``"attention"`` when asked (see :func:`attention_maps`).
+* ``POST /score`` ``{"source": [...], "target": [...]}``: the model's log-probabilities of
+  given translations (``ranmt.scoring``).
+* ``GET /models``, ``GET /health`` (alive), ``GET /ready`` (models loaded, workers running),
+  ``GET /metrics`` (Prometheus).
 * ``GET /``: the attention explorer (static files shipped in ``ranmt/explorer``).
 
-Dynamic batching: each model has one queue. A worker takes the first waiting request, keeps
-collecting requests for ``batch_window_ms`` milliseconds (or until ``max_batch_tokens``
-source tokens), decodes requests with the same beam and n-best as one batch in a worker
-thread (the event loop keeps accepting meanwhile, so the next batch forms during decoding),
-and hands every request its own lines back. Bad input is refused before it reaches a batch
-with a 4xx ``{"error": "..."}`` naming the problem; an error inside decoding fails only the
-requests of that batch (500 with the message) and the server keeps serving. SIGTERM (and
-Ctrl-C) stop accepting connections, finish the requests in flight and exit 0 (uvicorn's
-graceful shutdown). The server binds to 127.0.0.1 unless ``--host`` says otherwise.
+Each model has one bounded queue and worker (:mod:`ranmt.serve_batching`): admission up to
+``max_queued_tokens`` (503 + ``Retry-After`` beyond), deadlines (504), departed clients'
+work dropped, and batches formed from the waiting requests in turns, so a small request is
+not held behind a burst. Decoding runs in a worker thread (the event loop keeps accepting
+meanwhile). Bad input is refused before it reaches a batch with a 4xx ``{"error": "..."}``
+naming the problem; an error inside decoding fails only the requests of that batch (500
+with the message) and the server keeps serving. SIGTERM (and Ctrl-C) stop accepting
+connections, finish the requests in flight and exit 0 (uvicorn's graceful shutdown). The
+server binds to 127.0.0.1 unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +50,16 @@ from fastapi.staticfiles import StaticFiles
 
 from ranmt.data.batching import pad_sources
 from ranmt.model import BOS_ID
+from ranmt.scoring import word_alignment
+from ranmt.serve_batching import Batcher, QueueFullError, Work, wait_for_job
 from ranmt.serve_schema import (
     ErrorResponse,
     RequestError,
+    ScoreResponse,
     TranslateResponse,
     parse_translate,
     request_model,
+    score_request_model,
 )
 from ranmt.translator import InputTooLongError, Translator
 
@@ -94,13 +101,6 @@ def check_body_size(size: int, limits: ServeLimits) -> None:
                                 f"{limits.max_chars} characters")
 
 
-def parse_request(body: bytes, limits: ServeLimits):
-    """Validate a ``/translate`` body against the server's request model
-    (:mod:`ranmt.serve_schema`); :class:`RequestError` (4xx naming the field) otherwise."""
-    check_body_size(len(body), limits)
-    return parse_translate(body, translate_model(limits))
-
-
 def translate_model(limits: ServeLimits):
     """The pydantic model of a ``/translate`` body under ``limits`` (built once per limits)."""
     return _translate_model(limits.max_lines, limits.max_chars, limits.max_beam,
@@ -110,6 +110,16 @@ def translate_model(limits: ServeLimits):
 @functools.lru_cache(maxsize=8)
 def _translate_model(max_lines: int, max_chars: int, max_beam: int, timeout_s: float):
     return request_model(max_lines, max_chars, max_beam, timeout_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _score_model(max_lines: int, max_chars: int, timeout_s: float):
+    return score_request_model(max_lines, max_chars, timeout_s)
+
+
+def score_model(limits: ServeLimits):
+    """The pydantic model of a ``/score`` body under ``limits``."""
+    return _score_model(limits.max_lines, limits.max_chars, limits.request_timeout_s)
 
 
 # ------------------------------------------------------------------------------ attention
@@ -149,171 +159,6 @@ def attention_maps(translator: Translator, src_ids: list[int], tgt_ids: list[int
 
 
 # ------------------------------------------------------------------------------ batching
-
-
-@dataclass
-class _Job:
-    ids: list[list[int]]
-    beam: int
-    nbest: int
-    future: asyncio.Future
-    deadline: float
-    """Event-loop time after which the job is dropped unless its batch has started."""
-    tokens: int = field(init=False)
-    started: bool = False
-    """Taken into a batch: it will be decoded and answered."""
-    dropped: bool = False
-    """Given up (deadline, client gone) before its batch started: never decoded."""
-    queued: bool = True
-    """Counted in its batcher's queue totals."""
-
-    def __post_init__(self):
-        self.tokens = sum(len(seq) + 1 for seq in self.ids)
-
-
-class QueueFullError(RequestError):
-    """The model's queue holds ``max_queued_tokens``: 503, retry after ``retry_after`` s."""
-
-    def __init__(self, message: str, retry_after: int):
-        super().__init__(503, message)
-        self.retry_after = retry_after
-
-
-class Batcher:
-    """One model's bounded queue and worker: requests arriving within the batch window decode
-    as one batch (per beam/n-best setting), in the single decoding thread.
-
-    Admission (:meth:`submit`) refuses a request that would take the queue past
-    ``max_queued_tokens`` (:class:`QueueFullError`); a job dropped while it waits (its deadline
-    passed, its client left: :meth:`drop`) leaves the queue totals at once and is skipped
-    by the worker. A job taken into a batch is always decoded and answered."""
-
-    def __init__(self, translator: Translator, limits: ServeLimits,
-                 executor: concurrent.futures.Executor, metrics: ServeMetrics | None = None,
-                 name: str = "model"):
-        self.translator = translator
-        self.limits = limits
-        self.executor = executor
-        self.metrics = metrics
-        self.name = name
-        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
-        self.batches = 0
-        self.requests = 0
-        self.in_flight = 0
-        self.queued_tokens = 0
-        self.queued_requests = 0
-        self.tokens_per_s = 0.0  # source tokens decoded per second, recent batches
-
-    def submit(self, ids: list[list[int]], beam: int, nbest: int, timeout_s: float) -> _Job:
-        """Queue token ids; the job's future gets their n-best lists, in order, once their
-        batch is done. :class:`QueueFullError` when the queue has no room for them."""
-        loop = asyncio.get_running_loop()
-        job = _Job(ids, beam, nbest, loop.create_future(), loop.time() + timeout_s)
-        if self.queued_tokens and self.queued_tokens + job.tokens > self.limits.max_queued_tokens:
-            rate = self.tokens_per_s or 1000.0
-            retry = int(min(60, max(1, -(-self.queued_tokens // rate))))
-            raise QueueFullError(f"model '{self.name}' is busy: {self.queued_tokens} source tokens "
-                            f"queued, at most {self.limits.max_queued_tokens}; retry in "
-                            f"{retry} s", retry)
-        self.queued_tokens += job.tokens
-        self.queued_requests += 1
-        self._gauges()
-        self.queue.put_nowait(job)
-        return job
-
-    def drop(self, job: _Job) -> bool:
-        """Give up a job that has not started (deadline, client gone); False if it started."""
-        if job.started:
-            return False
-        job.dropped = True
-        self._unqueue(job)
-        return True
-
-    def _unqueue(self, job: _Job) -> None:
-        if job.queued:
-            job.queued = False
-            self.queued_tokens -= job.tokens
-            self.queued_requests -= 1
-            self._gauges()
-
-    def _gauges(self) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_tokens.labels(self.name).set(self.queued_tokens)
-            self.metrics.queue_requests.labels(self.name).set(self.queued_requests)
-
-    async def _next_job(self, timeout: float | None = None) -> _Job | None:
-        """The next job still wanted (dropped ones skipped, expired ones answered 504), or
-        None when ``timeout`` passes first."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if timeout is None:
-                job = await self.queue.get()
-            else:
-                job = await asyncio.wait_for(self.queue.get(), max(timeout, 0))
-            self._unqueue(job)
-            if job.dropped:
-                continue
-            if loop.time() > job.deadline:
-                job.dropped = True
-                if not job.future.done():
-                    job.future.set_exception(_timeout_error())
-                continue
-            job.started = True
-            return job
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            jobs = [await self._next_job()]
-            tokens = jobs[0].tokens
-            deadline = loop.time() + self.limits.batch_window_ms / 1000
-            while tokens < self.limits.max_batch_tokens:
-                try:
-                    job = await self._next_job(deadline - loop.time())
-                except asyncio.TimeoutError:
-                    break
-                jobs.append(job)
-                tokens += job.tokens
-            groups: dict[tuple[int, int], list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault((job.beam, job.nbest), []).append(job)
-            for (beam, nbest), group in groups.items():
-                await self._decode(loop, group, beam, nbest)
-
-    async def _decode(self, loop, group: list[_Job], beam: int, nbest: int) -> None:
-        flat = [seq for job in group for seq in job.ids]
-        started = time.perf_counter()
-        try:
-            results = await loop.run_in_executor(
-                self.executor, lambda: self.translator.translate_ids(flat, beam=beam,
-                                                                     nbest=nbest))
-        except Exception as err:  # noqa: BLE001 (reported to the requests of this batch)
-            if self.metrics is not None:
-                self.metrics.errors.labels(self.name, "decoding").inc()
-            for job in group:
-                if not job.future.done():
-                    job.future.set_exception(err)
-            return
-        seconds = time.perf_counter() - started
-        source_tokens = sum(job.tokens for job in group)
-        rate = source_tokens / max(seconds, 1e-6)
-        self.tokens_per_s = rate if not self.tokens_per_s else 0.7 * self.tokens_per_s + 0.3 * rate
-        self.batches += 1
-        self.requests += len(group)
-        if self.metrics is not None:
-            self.metrics.batch_sentences.labels(self.name).observe(len(flat))
-            self.metrics.decoded_tokens.labels(self.name).inc(
-                sum(len(hyps[0][0]) + 1 for hyps in results))
-        start = 0
-        for job in group:
-            if not job.future.done():
-                job.future.set_result(results[start: start + len(job.ids)])
-            start += len(job.ids)
-
-
-def _timeout_error() -> RequestError:
-    return RequestError(504, "the request waited past its deadline (timeout_s or "
-                             "--request-timeout) before its batch started; nothing was decoded")
 
 
 class ServeMetrics:
@@ -390,7 +235,8 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     app = FastAPI(title="ranmt", lifespan=lifespan,
                   description="Neural machine translation with pluggable attention. "
                               "Every refused request gets {\"error\": \"...\"}.")
-    _document_translate_body(app, translate_model(limits))
+    _document_bodies(app, {"/translate": ("TranslateRequest", translate_model(limits)),
+                           "/score": ("ScoreRequest", score_model(limits))})
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, err: RequestError):
@@ -446,8 +292,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
                        "max_queued_tokens": limits.max_queued_tokens,
                        "request_timeout_s": limits.request_timeout_s}}
 
-    @app.post("/translate", response_model=None, responses={
-        200: {"model": TranslateResponse, "description": "one translation per line"},
+    refusals = {
         400: {"model": ErrorResponse, "description": "a field is wrong (named)"},
         401: {"model": ErrorResponse, "description": "missing or wrong API key"},
         404: {"model": ErrorResponse, "description": "unknown model"},
@@ -456,26 +301,60 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         503: {"model": ErrorResponse, "description": "the model's queue is full; see "
                                                      "Retry-After"},
         504: {"model": ErrorResponse, "description": "the batch had not started by the "
-                                                     "deadline"}})
+                                                     "deadline"}}
+
+    @app.post("/translate", response_model=None, responses={
+        200: {"model": TranslateResponse, "description": "one translation per line"},
+        **refusals})
     async def translate(request: Request):
-        _check_content_type(request.headers.get("content-type"))
-        declared = request.headers.get("content-length", "0")
-        if declared.isdigit():  # refused before the body is read
-            check_body_size(int(declared), limits)
-        parsed = parse_request(await request.body(), limits)
-        name = parsed.model or default_model
+        parsed = await _read_body(request, limits, translate_model(limits))
+        name, translator = _pick_model(parsed.model)
+        ids = _source_ids(translator, parsed.text)
+        prefixes = None
+        if parsed.prefix is not None:
+            prefixes = _target_ids(translator, parsed.prefix, "prefix")
+        work = Work("translate", parsed.beam, parsed.nbest, parsed.sampling or "none",
+                    parsed.topk, parsed.topp, parsed.epsilon, parsed.temperature, parsed.seed)
+        results = await run_job(request, name, ids, work, prefixes, parsed.timeout_s)
+        if isinstance(results, Response):
+            return results
+        translations = await asyncio.get_running_loop().run_in_executor(
+            executor, _entries, translator, ids, results, parsed)
+        return {"model": name, "translations": translations}
+
+    @app.post("/score", response_model=None, responses={
+        200: {"model": ScoreResponse, "description": "one score per (source, target) pair"},
+        **{code: refusals[code] for code in (400, 401, 404, 413, 415, 503, 504)}})
+    async def score(request: Request):
+        """The model's log-probabilities of given translations (teacher-forced)."""
+        parsed = await _read_body(request, limits, score_model(limits))
+        name, translator = _pick_model(parsed.model)
+        ids = _source_ids(translator, parsed.source)
+        targets = _target_ids(translator, parsed.target, "target")
+        results = await run_job(request, name, ids, Work("score"), targets, parsed.timeout_s)
+        if isinstance(results, Response):
+            return results
+        pieces = translator.tgt_vocab.processor.id_to_piece
+        return {"model": name, "scores": [
+            None if pair is None else
+            {"normalized": pair.normalized, "total": pair.total,
+             "token_logprobs": pair.token_logprobs,
+             "tokens": [pieces(i) for i in target] + ["</s>"]}
+            for pair, target in zip(results, targets)]}
+
+    def _pick_model(requested: str | None) -> tuple[str, Translator]:
+        name = requested or default_model
         if name not in translators:
             raise RequestError(404, f"unknown model '{name}'; loaded: {sorted(translators)}")
-        translator, batcher = translators[name], batchers[name]
+        return name, translators[name]
+
+    async def run_job(request: Request, name: str, ids: list[list[int]], work: Work,
+                      extras: list | None, timeout_s: float | None):
+        """Queue one request's lines with its model and wait: its results, or the
+        response for a client that left (499) or a failed decoding (500)."""
+        batcher = batchers[name]
         try:
-            ids = translator.check_lengths(
-                [translator.src_vocab.encode([line.strip()])[0] if line.strip() else []
-                 for line in parsed.text])
-        except InputTooLongError as err:
-            raise RequestError(400, str(err)) from None
-        try:
-            job = batcher.submit(ids, parsed.beam, parsed.nbest,
-                                 parsed.timeout_s or limits.request_timeout_s)
+            job = batcher.submit(ids, work, timeout_s or limits.request_timeout_s, extras)
         except QueueFullError:
             metrics.errors.labels(name, "overload").inc()
             raise
@@ -493,9 +372,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         if results is None:  # the client left before its batch started: nothing decoded
             metrics.errors.labels(name, "disconnect").inc()
             return Response(status_code=499)
-        translations = await asyncio.get_running_loop().run_in_executor(
-            executor, _entries, translator, ids, results, parsed)
-        return {"model": name, "translations": translations}
+        return results
 
     static = Path(__file__).parent / "explorer"
     if static.is_dir():
@@ -503,25 +380,57 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     return app
 
 
-_ENDPOINTS = {"/translate", "/models", "/health", "/ready", "/metrics"}
+_ENDPOINTS = {"/translate", "/score", "/models", "/health", "/ready", "/metrics"}
 
 
-def _document_translate_body(app: FastAPI, body_model) -> None:
-    """Put the ``/translate`` body model (read from the raw body by :func:`parse_request`,
-    so FastAPI does not see it) into the app's OpenAPI schema, bounds included."""
+async def _read_body(request: Request, limits: ServeLimits, body_model):
+    """The request's body validated by ``body_model`` (4xx :class:`RequestError`s)."""
+    _check_content_type(request.headers.get("content-type"))
+    declared = request.headers.get("content-length", "0")
+    if declared.isdigit():  # refused before the body is read
+        check_body_size(int(declared), limits)
+    body = await request.body()
+    check_body_size(len(body), limits)
+    return parse_translate(body, body_model)
+
+
+def _source_ids(translator: Translator, lines: list[str]) -> list[list[int]]:
+    try:
+        return translator.check_lengths(translator.encode_sources(lines))
+    except InputTooLongError as err:
+        raise RequestError(400, str(err)) from None
+
+
+def _target_ids(translator: Translator, lines: list[str], field: str) -> list[list[int]]:
+    """Target-side lines (prefixes, targets to score) as ids, each within the model's limit."""
+    ids = translator.encode_targets(lines)
+    limit = translator.config.model.max_positions - 1
+    for number, seq in enumerate(ids, 1):
+        if len(seq) > limit:
+            raise RequestError(400, f"'{field}' line {number}: {len(seq)} subwords, longer than "
+                                    f"the model's limit of {limit}")
+    return ids
+
+
+def _document_bodies(app: FastAPI, bodies: dict[str, tuple[str, Any]]) -> None:
+    """Put the body models (path -> (schema name, pydantic model); read from the raw body by
+    :func:`parse_translate`, so FastAPI does not see them) into the app's OpenAPI schema,
+    bounds included."""
     from fastapi.openapi.utils import get_openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version,
                                  description=app.description, routes=app.routes)
-            body = body_model.model_json_schema(ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(body.pop("$defs", {}))
-            components["TranslateRequest"] = body
-            schema["paths"]["/translate"]["post"]["requestBody"] = {
-                "required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/TranslateRequest"}}}}
+            for path, (title, body_model) in bodies.items():
+                body = body_model.model_json_schema(
+                    ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[title] = body
+                schema["paths"][path]["post"]["requestBody"] = {
+                    "required": True, "content": {"application/json": {
+                        "schema": {"$ref": f"#/components/schemas/{title}"}}}}
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -559,24 +468,6 @@ def _check_content_type(header: str | None) -> None:
         raise RequestError(415, f"Content-Type '{media}': send the body as application/json")
 
 
-async def wait_for_job(batcher: Batcher, job: _Job, is_disconnected, poll_s: float = 0.05):
-    """The job's results; :class:`RequestError` 504 when its deadline passes before its
-    batch started, None when the client disconnects before then (the job is dropped from
-    the queue either way). A started job is always waited for to the end."""
-    loop = asyncio.get_running_loop()
-    while True:
-        wait = poll_s if job.started else min(poll_s, max(job.deadline - loop.time(), 0.0))
-        await asyncio.wait({job.future}, timeout=wait)
-        if job.future.done():
-            return job.future.result()  # the worker's 504 or a decoding error raise here
-        if job.started:
-            continue
-        if loop.time() >= job.deadline and batcher.drop(job):
-            raise _timeout_error()
-        if await is_disconnected() and batcher.drop(job):
-            return None
-
-
 def _quantized(translator: Translator) -> bool:
     from ranmt.quantize import is_quantized
 
@@ -585,18 +476,39 @@ def _quantized(translator: Translator) -> bool:
 
 def _entries(translator: Translator, ids: list[list[int]], results: list,
              request) -> list[dict[str, Any]]:
-    """The response entries of one request (attention maps computed here, after decoding)."""
+    """The response entries of one request (attention maps and alignments computed here,
+    after decoding, by teacher-forced passes over the outputs)."""
+    alignments: dict[tuple[int, int], list] = {}
+    if request.alignment:
+        flat = [(row, rank) for row, hyps in enumerate(results) for rank in range(len(hyps))]
+        pairs = translator.align_ids([ids[row] for row, _ in flat],
+                                     [results[row][rank][0] for row, rank in flat])
+        for (row, rank), subword_pairs in zip(flat, pairs):
+            alignments[row, rank] = [list(pair) for pair in word_alignment(
+                subword_pairs, _pieces(translator.src_vocab, ids[row]),
+                _pieces(translator.tgt_vocab, results[row][rank][0]))]
+
+    def hypothesis(row: int, rank: int) -> dict[str, Any]:
+        tokens, score = results[row][rank]
+        out = {"text": translator.tgt_vocab.decode([tokens])[0], "score": _finite(score)}
+        if request.alignment:
+            out["alignment"] = alignments[row, rank]
+        return out
+
     entries = []
-    for src_ids, hyps in zip(ids, results):
-        texts = [(translator.tgt_vocab.decode([tokens])[0], score) for tokens, score in hyps]
-        entry: dict[str, Any] = {"text": texts[0][0], "score": _finite(texts[0][1])}
+    for row, (src_ids, hyps) in enumerate(zip(ids, results)):
+        entry = hypothesis(row, 0)
         if request.nbest > 1:
-            entry["nbest"] = [{"text": text, "score": _finite(score)} for text, score in texts]
+            entry["nbest"] = [hypothesis(row, rank) for rank in range(len(hyps))]
         if request.attention:
             entry["attention"] = (attention_maps(translator, src_ids, hyps[0][0])
                                   if src_ids else None)
         entries.append(entry)
     return entries
+
+
+def _pieces(vocab, ids: list[int]) -> list[str]:
+    return [vocab.processor.id_to_piece(i) for i in ids]
 
 
 def _finite(score: float) -> float | None:

@@ -11,7 +11,7 @@ docs/SERVING.md), 413 for what is too large, 400 for the rest.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -38,8 +38,12 @@ class RequestError(Exception):
 
 class Hypothesis(BaseModel):
     text: str
-    score: float | None = Field(description="length-normalised log-probability (null where "
-                                            "undefined)")
+    score: float | None = Field(description="length-normalised log-probability (beam), "
+                                            "summed log-probability (greedy, sampling); null "
+                                            "where undefined")
+    alignment: list[tuple[int, int]] | None = Field(
+        None, description="with alignment: true: [source word, target word] pairs (0-based, "
+                          "words split at whitespace) from the cross-attention")
 
 
 class Translation(Hypothesis):
@@ -54,6 +58,19 @@ class TranslateResponse(BaseModel):
     translations: list[Translation] = Field(description="one entry per input line, in order")
 
 
+class PairScore(BaseModel):
+    normalized: float = Field(description="total / length penalty: the beam search score")
+    total: float = Field(description="log p(target | source), EOS included")
+    token_logprobs: list[float] = Field(description="per target subword, then EOS")
+    tokens: list[str] = Field(description="the target subwords, then </s>")
+
+
+class ScoreResponse(BaseModel):
+    model: str
+    scores: list[PairScore | None] = Field(description="one per pair, in order; null where "
+                                                       "the source or target is empty")
+
+
 class ErrorResponse(BaseModel):
     error: str = Field(description="what was wrong, naming the field")
 
@@ -63,8 +80,20 @@ class _TranslateBase(BaseModel):
 
     @model_validator(mode="after")
     def _nbest_within_beam(self):
-        if self.nbest > self.beam:
+        if self.sampling is None and self.nbest > self.beam:
             raise ValueError("nbest_above_beam")
+        if self.prefix is not None and len(self.prefix) != len(self.text):
+            raise ValueError("prefix_lines")
+        return self
+
+
+class _ScoreBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _paired(self):
+        if len(self.target) != len(self.source):
+            raise ValueError("unpaired")
         return self
 
 
@@ -82,15 +111,45 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
         nbest=(StrictInt, Field(1, ge=1, le=max_beam, description="hypotheses per line, at "
                                                                   "most the beam size")),
         attention=(StrictBool, Field(False, description="return attention weights")),
-        timeout_s=(StrictFloat | None, Field(
-            None, gt=0, le=max_timeout_s, description="give up (504) if the batch has not "
-                                                      "started by then; default and most: "
-                                                      "the server's --request-timeout")),
+        timeout_s=_timeout_field(max_timeout_s),
+        prefix=(list[line] | None, Field(None, max_length=max_lines, description=(
+            "per line the text its translation starts with (\"\": none); as many as "
+            "'text'"))),
+        alignment=(StrictBool, Field(False, description="return word alignments")),
+        sampling=(Literal["topk", "topp", "eps"] | None, Field(None, description=(
+            "sample nbest translations per line instead of beam search: topk (the k most "
+            "probable tokens), topp (nucleus), eps (tokens of probability >= epsilon)"))),
+        topk=(StrictInt, Field(0, ge=0, le=1_000_000, description="topk: k (0 = all)")),
+        topp=(StrictFloat, Field(0.9, gt=0, le=1, description="topp: probability mass kept")),
+        epsilon=(StrictFloat, Field(0.02, ge=0, lt=1, description="eps: least probability")),
+        temperature=(StrictFloat, Field(1.0, gt=0, le=100, description="sampling "
+                                                                       "temperature")),
+        seed=(StrictInt, Field(0, ge=0, le=2**63 - 1, description="sampling seed")),
     )
 
 
+def _timeout_field(max_timeout_s: float):
+    return (StrictFloat | None, Field(
+        None, gt=0, le=max_timeout_s, description="give up (504) if the batch has not "
+                                                  "started by then; default and most: the "
+                                                  "server's --request-timeout"))
+
+
+def score_request_model(max_lines: int, max_chars: int, max_timeout_s: float
+                        ) -> type[BaseModel]:
+    """The ``POST /score`` body for these limits: ``source`` and ``target`` lines, paired."""
+    line = Annotated[StrictStr, Field(max_length=max_chars)]
+    lines = (list[line], Field(min_length=1, max_length=max_lines))
+    return create_model(
+        "ScoreRequest", __base__=_ScoreBase,
+        source=lines, target=lines,
+        model=(StrictStr | None, Field(None, description="a name from GET /models")),
+        timeout_s=_timeout_field(max_timeout_s))
+
+
 def parse_translate(body: bytes, model: type[BaseModel]):
-    """The validated body, or :class:`RequestError` with the API's message."""
+    """The validated body (of ``/translate`` or ``/score``, by ``model``), or
+    :class:`RequestError` with the API's message."""
     try:
         data = json.loads(body)
     except RecursionError:  # e.g. [[[[...]]]] nested deeper than Python's parser goes
@@ -98,7 +157,9 @@ def parse_translate(body: bytes, model: type[BaseModel]):
     except (UnicodeDecodeError, ValueError) as err:  # ValueError: also over-long integers
         raise RequestError(400, f"invalid JSON: {err}") from None
     if not isinstance(data, dict):
-        raise RequestError(400, "the body must be a JSON object with a 'text' list")
+        wanted = ("'source' and 'target' lists" if "source" in model.model_fields
+                  else "a 'text' list")
+        raise RequestError(400, f"the body must be a JSON object with {wanted}")
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -106,7 +167,9 @@ def parse_translate(body: bytes, model: type[BaseModel]):
 
 
 # The order in which problems are reported when a body has several (the first wins).
-_FIELD_ORDER = ("text", "model", "beam", "nbest", "attention", "timeout_s")
+_FIELD_ORDER = ("text", "source", "target", "model", "beam", "nbest", "attention", "timeout_s",
+                "prefix", "alignment", "sampling", "topk", "topp", "epsilon", "temperature",
+                "seed")
 
 
 def _refusal(errors: list[dict], data: dict, model: type[BaseModel]) -> RequestError:
@@ -123,8 +186,14 @@ def _refusal(errors: list[dict], data: dict, model: type[BaseModel]) -> RequestE
     if kind == "value_error" and "nbest_above_beam" in error["msg"]:
         return RequestError(400, f"'nbest' must be between 1 and the beam size, not "
                                  f"{data.get('nbest')}")
-    if field == "text":
-        return _text_refusal(kind, error, data, context)
+    if kind == "value_error" and "prefix_lines" in error["msg"]:
+        return RequestError(400, f"'prefix' has {len(data['prefix'])} lines but 'text' has "
+                                 f"{len(data['text'])}: give one prefix per line")
+    if kind == "value_error" and "unpaired" in error["msg"]:
+        return RequestError(400, f"'source' has {len(data['source'])} lines but 'target' has "
+                                 f"{len(data['target'])}: give one target per source line")
+    if field in ("text", "source", "target", "prefix"):
+        return _text_refusal(field, kind, error, data, context)
     if field in ("beam", "nbest"):
         if kind in ("greater_than_equal", "less_than_equal"):
             high = "the beam size" if field == "nbest" else _bound(model, "beam", "le")
@@ -139,22 +208,27 @@ def _refusal(errors: list[dict], data: dict, model: type[BaseModel]) -> RequestE
         most = _bound(model, "timeout_s", "le")
         return RequestError(400, f"'timeout_s' must be a number of seconds above 0 and at "
                                  f"most {most:g}")
+    if field in _FIELD_ORDER:  # the sampling fields: name the field and pydantic's reason
+        return RequestError(400, f"'{field}': {error['msg'][0].lower()}{error['msg'][1:]}")
     return RequestError(400, f"invalid request: {error['msg']}")
 
 
-def _text_refusal(kind: str, error: dict, data: dict, context: dict) -> RequestError:
+def _text_refusal(field: str, kind: str, error: dict, data: dict, context: dict
+                  ) -> RequestError:
     if kind == "missing":
-        return RequestError(400, "missing field 'text' (a list of lines to translate)")
+        return RequestError(400, f"missing field '{field}' (a list of lines"
+                                 + (" to translate)" if field == "text" else ")"))
     if kind == "too_short":
-        return RequestError(400, "'text' is empty: give at least one line")
+        return RequestError(400, f"'{field}' is empty: give at least one line")
     if kind == "too_long" and len(error["loc"]) == 1:
-        return RequestError(413, f"'text' has {len(data['text'])} lines; at most "
+        return RequestError(413, f"'{field}' has {len(data[field])} lines; at most "
                                  f"{context['max_length']} per request")
     if kind == "string_too_long":
         number = int(error["loc"][1]) + 1
-        return RequestError(413, f"line {number} has {len(data['text'][number - 1])} "
+        where = "line" if field == "text" else f"'{field}' line"
+        return RequestError(413, f"{where} {number} has {len(data[field][number - 1])} "
                                  f"characters; at most {context['max_length']}")
-    return RequestError(400, "'text' must be a list of strings")
+    return RequestError(400, f"'{field}' must be a list of strings")
 
 
 def _bound(model: type[BaseModel], field: str, name: str) -> float:

@@ -1,0 +1,292 @@
+"""``ranmt serve``'s per-model queue: bounded admission, deadlines, and fair dynamic batches.
+
+A request becomes a :class:`Job`: its lines (source ids), what it asks of the model
+(:class:`Work`: translate with given settings, or score given targets) and per-line extras
+(target prefixes, or the targets to score). One :class:`Batcher` per model holds the jobs
+and one worker forms batches from them:
+
+* **Admission**: a job that would take the queue past ``max_queued_tokens`` source tokens
+  is refused at once (:class:`QueueFullError`, 503 with ``Retry-After``); a job alone in
+  an empty queue is always taken.
+* **Fair batches**: a batch takes lines from the waiting jobs of one kind of work in turns
+  — one line of each job per round, rounds until ``max_batch_tokens`` — starting after the
+  job the previous batch served last. A one-line request that arrives behind a burst of
+  large requests is in the next batch, not after the burst; a lone request still decodes
+  in as few batches as before (all its lines, round after round).
+* **Deadlines and departures**: a job none of whose lines has been taken is dropped when
+  its deadline passes (504) or its client disconnects (nothing decoded); a job with a line
+  in a batch is decoded to its end and answered. Accepted jobs are never lost or mixed up:
+  each line's result goes back to its job at its position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ranmt.serve_schema import RequestError
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a job asks of the model; only jobs with equal ``Work`` share a batch."""
+
+    kind: str = "translate"
+    """translate | score."""
+    beam: int = 4
+    nbest: int = 1
+    sampling: str = "none"
+    topk: int = 0
+    topp: float = 0.9
+    epsilon: float = 0.02
+    temperature: float = 1.0
+    seed: int = 0
+
+    def run(self, translator, ids: list[list[int]], extras: list | None) -> list:
+        """Decode (or score) lines ``ids`` with their extras (prefix or target ids)."""
+        if self.kind == "score":
+            return translator.score_ids(ids, extras)
+        overrides: dict[str, Any] = {"beam": self.beam, "nbest": self.nbest}
+        if self.sampling != "none":
+            overrides.update(sampling=self.sampling, topk=self.topk, topp=self.topp,
+                             epsilon=self.epsilon, temperature=self.temperature,
+                             seed=self.seed)
+        return translator.translate_ids(ids, prefixes=extras, **overrides)
+
+
+@dataclass(eq=False)
+class Job:
+    ids: list[list[int]]
+    work: Work
+    extras: list | None
+    """Per line: target prefix ids (translate) or target ids (score); None: none."""
+    future: asyncio.Future
+    deadline: float
+    """Event-loop time after which the job is dropped unless a line of it was taken."""
+    sequence: int = 0
+    arrived: float = 0.0
+    tokens: int = field(init=False)
+    taken: int = 0
+    """Lines handed to batches so far."""
+    results: list = field(init=False)
+    answered: int = 0
+    started: bool = False
+    """A line was taken into a batch: the job will be decoded and answered."""
+    dropped: bool = False
+    """Given up (deadline, client gone) before its first line was taken: never decoded."""
+    queued: bool = True
+    """Counted in its batcher's queued requests (it has lines not taken yet)."""
+
+    def __post_init__(self):
+        self.tokens = sum(len(seq) + 1 for seq in self.ids)
+        self.results = [None] * len(self.ids)
+
+
+class QueueFullError(RequestError):
+    """The model's queue holds ``max_queued_tokens``: 503, retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(503, message)
+        self.retry_after = retry_after
+
+
+def timeout_error() -> RequestError:
+    return RequestError(504, "the request waited past its deadline (timeout_s or "
+                             "--request-timeout) before its batch started; nothing was decoded")
+
+
+class Batcher:
+    """One model's bounded queue and worker (see the module docstring). ``limits`` is a
+    :class:`ranmt.serve.ServeLimits`; ``metrics`` a :class:`ranmt.serve.ServeMetrics`."""
+
+    def __init__(self, translator, limits, executor: concurrent.futures.Executor,
+                 metrics=None, name: str = "model"):
+        self.translator = translator
+        self.limits = limits
+        self.executor = executor
+        self.metrics = metrics
+        self.name = name
+        self.pending: list[Job] = []  # jobs with lines not taken yet, in arrival order
+        self._arrival = asyncio.Event()
+        self._numbers = itertools.count()
+        self.last_served = -1  # sequence number of the job the last batch served last
+        self.batches = 0
+        self.requests = 0
+        self.in_flight = 0
+        self.queued_tokens = 0
+        self.queued_requests = 0
+        self.tokens_per_s = 0.0  # source tokens decoded per second, recent batches
+
+    # ------------------------------------------------------------------ admission, dropping
+    def submit(self, ids: list[list[int]], work: Work, timeout_s: float,
+               extras: list | None = None) -> Job:
+        """Queue a job; its future gets one result per line, in order, once all its lines
+        are decoded. :class:`QueueFullError` when the queue has no room for it."""
+        loop = asyncio.get_running_loop()
+        job = Job(ids, work, extras, loop.create_future(), loop.time() + timeout_s,
+                  next(self._numbers), loop.time())
+        if self.queued_tokens and self.queued_tokens + job.tokens > self.limits.max_queued_tokens:
+            rate = self.tokens_per_s or 1000.0
+            retry = int(min(60, max(1, -(-self.queued_tokens // rate))))
+            raise QueueFullError(f"model '{self.name}' is busy: {self.queued_tokens} source "
+                                 f"tokens queued, at most {self.limits.max_queued_tokens}; "
+                                 f"retry in {retry} s", retry)
+        self.queued_tokens += job.tokens
+        self.queued_requests += 1
+        self._gauges()
+        self.pending.append(job)
+        self._arrival.set()
+        return job
+
+    def drop(self, job: Job) -> bool:
+        """Give up a job none of whose lines was taken (deadline, client gone); False if
+        it started."""
+        if job.started:
+            return False
+        if not job.dropped:
+            job.dropped = True
+            self.queued_tokens -= job.tokens
+            self._leave_queue(job)
+        return True
+
+    def _leave_queue(self, job: Job) -> None:
+        if job.queued:
+            job.queued = False
+            self.queued_requests -= 1
+            self.pending.remove(job)
+            self._gauges()
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_tokens.labels(self.name).set(self.queued_tokens)
+            self.metrics.queue_requests.labels(self.name).set(self.queued_requests)
+
+    def _expire(self, now: float) -> None:
+        """Answer 504 to the jobs not started whose deadline has passed."""
+        for job in [job for job in self.pending if not job.started and now > job.deadline]:
+            self.drop(job)
+            if not job.future.done():
+                job.future.set_exception(timeout_error())
+
+    # ------------------------------------------------------------------ batches
+    def take_batch(self, now: float) -> list[tuple[Job, int]]:
+        """The next batch: (job, line) pairs, lines taken in turns (see the module
+        docstring); the work of all of them is that of the first job in turn."""
+        self._expire(now)
+        if not self.pending:
+            return []
+        start = next((i for i, job in enumerate(self.pending)
+                      if job.sequence > self.last_served), 0)
+        turn = self.pending[start:] + self.pending[:start]
+        work = turn[0].work
+        turn = [job for job in turn if job.work == work]
+        batch: list[tuple[Job, int]] = []
+        tokens = 0
+        while any(job.taken < len(job.ids) for job in turn):
+            for job in turn:
+                if job.taken == len(job.ids):
+                    continue
+                size = len(job.ids[job.taken]) + 1
+                if batch and tokens + size > self.limits.max_batch_tokens:
+                    return self._took(batch)
+                batch.append((job, job.taken))
+                job.taken += 1
+                job.started = True
+                tokens += size
+                self.queued_tokens -= size
+                self.last_served = job.sequence
+        return self._took(batch)
+
+    def _took(self, batch: list[tuple[Job, int]]) -> list[tuple[Job, int]]:
+        for job in {id(job): job for job, _ in batch}.values():
+            if job.taken == len(job.ids):
+                self._leave_queue(job)
+        self._gauges()
+        return batch
+
+    async def _wait_for_work(self, loop) -> None:
+        """Until a job waits; then let the batch window collect more (from the oldest
+        job's arrival) unless a full batch is already waiting."""
+        while True:
+            self._expire(loop.time())
+            if self.pending:
+                break
+            self._arrival.clear()
+            await self._arrival.wait()
+        oldest = min(job.arrived for job in self.pending)
+        wait = oldest + self.limits.batch_window_ms / 1000 - loop.time()
+        if wait > 0 and self.queued_tokens < self.limits.max_batch_tokens:
+            await asyncio.sleep(wait)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_work(loop)
+            batch = self.take_batch(loop.time())
+            if batch:
+                await self._decode(loop, batch)
+
+    async def _decode(self, loop, batch: list[tuple[Job, int]]) -> None:
+        work = batch[0][0].work
+        ids = [job.ids[line] for job, line in batch]
+        extras = None
+        if any(job.extras is not None for job, _ in batch):
+            extras = [job.extras[line] if job.extras is not None else [] for job, line in batch]
+        started = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(
+                self.executor, lambda: work.run(self.translator, ids, extras))
+        except Exception as err:  # noqa: BLE001 (reported to the requests of this batch)
+            self._fail(batch, err)
+            return
+        seconds = time.perf_counter() - started
+        source_tokens = sum(len(seq) + 1 for seq in ids)
+        rate = source_tokens / max(seconds, 1e-6)
+        self.tokens_per_s = rate if not self.tokens_per_s else 0.7 * self.tokens_per_s + 0.3 * rate
+        self.batches += 1
+        if self.metrics is not None:
+            self.metrics.batch_sentences.labels(self.name).observe(len(ids))
+            if work.kind == "translate":
+                self.metrics.decoded_tokens.labels(self.name).inc(
+                    sum(len(hyps[0][0]) + 1 for hyps in results))
+        for (job, line), result in zip(batch, results):
+            job.results[line] = result
+            job.answered += 1
+            if job.answered == len(job.ids):
+                self.requests += 1
+                if not job.future.done():
+                    job.future.set_result(job.results)
+
+    def _fail(self, batch: list[tuple[Job, int]], err: Exception) -> None:
+        """A batch failed: its jobs get the error and their remaining lines are dropped."""
+        if self.metrics is not None:
+            self.metrics.errors.labels(self.name, "decoding").inc()
+        for job in {id(job): job for job, _ in batch}.values():
+            if job.queued:
+                self.queued_tokens -= sum(len(seq) + 1 for seq in job.ids[job.taken:])
+                job.taken = len(job.ids)
+                self._leave_queue(job)
+            if not job.future.done():
+                job.future.set_exception(err)
+
+
+async def wait_for_job(batcher: Batcher, job: Job, is_disconnected, poll_s: float = 0.05):
+    """The job's results; :class:`RequestError` 504 when its deadline passes before its
+    first line was taken, None when the client disconnects before then (the job is dropped
+    from the queue either way). A started job is always waited for to the end."""
+    loop = asyncio.get_running_loop()
+    while True:
+        wait = poll_s if job.started else min(poll_s, max(job.deadline - loop.time(), 0.0))
+        await asyncio.wait({job.future}, timeout=wait)
+        if job.future.done():
+            return job.future.result()  # the worker's 504 or a decoding error raise here
+        if job.started:
+            continue
+        if loop.time() >= job.deadline and batcher.drop(job):
+            raise timeout_error()
+        if await is_disconnected() and batcher.drop(job):
+            return None

@@ -1,0 +1,119 @@
+"""``ranmt translate`` beyond beam search: --score-target, --sampling, --prefix,
+--alignments and ensembles (--checkpoint repeated), with the Python API behind them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ranmt.cli import main
+from ranmt.translator import Translator
+
+LINES = ["a b c d", "e f", "g h i j k", "l"]
+
+
+@pytest.fixture()
+def source(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(LINES) + "\n")
+    return path
+
+
+def _translate(runs, source, tmp_path, *argv, checkpoints=("transf",)):
+    out = tmp_path / "out.txt"
+    args = ["translate", "--input", str(source), "--output", str(out), "--device", "cpu"]
+    for name in checkpoints:
+        args += ["--checkpoint", str(runs[name])]
+    main(args + list(argv))
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+def test_score_target_gives_back_the_beam_scores(runs, source, tmp_path, translators):
+    """Scores of the beam's own outputs: the beam's scores where the output text encodes
+    back to the same subwords (text is re-segmented canonically), else the API's score."""
+    translator = translators["transf"]
+    tokens = [hyps[0].tokens for hyps in translator.translate_detailed(LINES)]
+    beam = _translate(runs, source, tmp_path, "--beam", "3", "--nbest", "2")
+    best = [text for index, (_, _, text) in enumerate(row.split("\t") for row in beam)
+            if index % 2 == 0]
+    scores = [float(row.split("\t")[1]) for index, row in enumerate(beam) if index % 2 == 0]
+    (tmp_path / "hyp.txt").write_text("\n".join(best) + "\n")
+    scored = _translate(runs, source, tmp_path, "--score-target", str(tmp_path / "hyp.txt"))
+    assert len(scored) == len(LINES)
+    api = translator.score(LINES, best)
+    for line, expected, text, pair, output in zip(scored, scores, best, api, tokens):
+        normalized, total, values = line.split("\t")
+        if not text:  # an empty translation scores nan (nothing to score)
+            assert normalized == "nan"
+            continue
+        assert float(normalized) == pytest.approx(pair.normalized, abs=1e-4)
+        if translator.encode_targets([text])[0] == output:
+            assert float(normalized) == pytest.approx(expected, abs=2e-4)
+        assert float(total) == pytest.approx(sum(float(v) for v in values.split()), abs=1e-3)
+
+
+def test_score_target_needs_one_line_per_input(runs, source, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("x\n")
+    with pytest.raises(SystemExit):
+        _translate(runs, source, tmp_path, "--score-target", str(tmp_path / "short.txt"))
+    assert "has 1 lines but the input has 4" in capsys.readouterr().err
+
+
+def test_sampling_reproducible_with_a_seed(runs, source, tmp_path):
+    argv = ("--sampling", "topp", "--topp", "0.95", "--temperature", "1.3", "--nbest", "3")
+    first = _translate(runs, source, tmp_path, *argv, "--seed", "5")
+    again = _translate(runs, source, tmp_path, *argv, "--seed", "5")
+    other = _translate(runs, source, tmp_path, *argv, "--seed", "6")
+    assert first == again
+    assert first != other
+    assert [row.split("\t")[0] for row in first] == [str(i) for i in range(4) for _ in range(3)]
+
+
+def test_sampling_options_are_checked(runs, source, tmp_path, capsys):
+    for argv, message in ((("--topk", "3"), "go with --sampling"),
+                          (("--sampling", "topp", "--topp", "1.5"), "topp must be in (0, 1]"),
+                          (("--sampling", "topk", "--temperature", "0"), "temperature")):
+        with pytest.raises(SystemExit):
+            _translate(runs, source, tmp_path, *argv)
+        assert message in capsys.readouterr().err
+
+
+def test_prefix_starts_every_translation(runs, source, tmp_path, translators):
+    translator = translators["transf"]
+    prefixes = ["d c", "", "k j", "l"]
+    (tmp_path / "prefix.txt").write_text("\n".join(prefixes) + "\n")
+    out = _translate(runs, source, tmp_path, "--prefix", str(tmp_path / "prefix.txt"),
+                     "--beam", "2")
+    results = translator.translate_detailed(LINES, prefixes=prefixes)
+    for line, prefix, hyps in zip(out, prefixes, results):
+        wanted = translator.encode_targets([prefix])[0]
+        assert hyps[0].tokens[: len(wanted)] == wanted
+        assert line.startswith(prefix)
+
+
+def test_alignments_are_moses_pairs_within_bounds(runs, source, tmp_path):
+    out = _translate(runs, source, tmp_path, "--alignments", "--beam", "2")
+    for line, src in zip(out, LINES):
+        text, _, alignment = line.partition(" ||| ")
+        assert _ == " ||| "
+        pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+        assert all(0 <= i < len(src.split()) for i, _ in pairs)
+        assert all(0 <= j < len(text.split()) for _, j in pairs)
+        assert {j for _, j in pairs} == set(range(len(text.split())))  # every word aligned
+
+
+def test_ensemble_of_two_copies_decodes_like_one(runs, source, tmp_path):
+    alone = _translate(runs, source, tmp_path, "--beam", "3")
+    twice = _translate(runs, source, tmp_path, "--beam", "3", checkpoints=("transf", "transf"))
+    mixed = _translate(runs, source, tmp_path, "--beam", "3", checkpoints=("transf", "ran-all"))
+    assert twice == alone
+    assert len(mixed) == len(LINES)
+
+
+def test_ensemble_needs_the_same_vocabularies(runs, tmp_path, reverse_data):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(runs["ran-all"], other)
+    (other / "spm.tgt.model").write_bytes(b"not the same")
+    with pytest.raises(ValueError, match="target vocabularies"):
+        Translator.load([runs["transf"], other], device="cpu")

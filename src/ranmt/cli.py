@@ -309,11 +309,13 @@ def _cmd_serve(args) -> None:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")
-    if args.max_queued_tokens < 1 or args.request_timeout <= 0:
-        raise ValueError("--max-queued-tokens and --request-timeout must be positive")
+    if args.max_queued_tokens < 1 or args.request_timeout <= 0 or args.max_batch_lines < 1:
+        raise ValueError("--max-queued-tokens, --max-batch-lines and --request-timeout must "
+                         "be positive")
     limits = ServeLimits(max_lines=args.max_lines, max_chars=args.max_chars,
                          max_beam=args.max_beam, batch_window_ms=args.batch_window_ms,
                          max_batch_tokens=args.max_batch_tokens,
+                         max_batch_lines=args.max_batch_lines,
                          max_queued_tokens=args.max_queued_tokens,
                          request_timeout_s=args.request_timeout)
     serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits,
@@ -609,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a batch collects concurrent requests")
     p.add_argument("--max-batch-tokens", type=int, default=8000,
                    help="source tokens per dynamic batch")
+    p.add_argument("--max-batch-lines", type=int, default=64,
+                   help="lines per dynamic batch (default 64, one decoding batch: a larger "
+                        "batch decodes no faster and delays every request in it)")
     p.add_argument("--max-queued-tokens", type=int, default=32000,
                    help="source tokens a model's queue may hold; beyond, requests get 503 "
                         "with Retry-After at once (default 32000, four full batches)")

@@ -76,6 +76,10 @@ class ServeLimits:
     """How long a batch keeps collecting requests after its first one arrived."""
     max_batch_tokens: int = 8000
     """Source tokens per dynamic batch (a larger single request still decodes alone)."""
+    max_batch_lines: int = 64
+    """Lines per dynamic batch: one decoding batch (``decode.batch_size``'s default). A larger
+    batch is decoded as several in a row anyway, so it gains no speed and holds every
+    request in it until the last one is done; smaller batches let requests take turns."""
     max_queued_tokens: int = 32000
     """Source tokens a model's queue may hold (waiting, not yet decoding); a request that
     would go beyond is refused at once with 503 and ``Retry-After`` (a request alone in an
@@ -224,8 +228,12 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        loop = asyncio.get_running_loop()
         for name, translator in translators.items():
             batchers[name] = Batcher(translator, limits, executor, metrics, name)
+            # One decoding before serving: the first call's one-off costs (weight packing,
+            # allocator warm-up) are not paid by the first requests.
+            await loop.run_in_executor(executor, _warm_up, translator)
         workers.extend(asyncio.create_task(b.run()) for b in batchers.values())
         yield
         for worker in workers:
@@ -343,9 +351,15 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
             for pair, target in zip(results, targets)]}
 
     def _pick_model(requested: str | None) -> tuple[str, Translator]:
+        """The model asked for; 404 if unknown, 503 at once if its queue is full."""
         name = requested or default_model
         if name not in translators:
             raise RequestError(404, f"unknown model '{name}'; loaded: {sorted(translators)}")
+        try:
+            batchers[name].refuse_if_full()
+        except QueueFullError:
+            metrics.errors.labels(name, "overload").inc()
+            raise
         return name, translators[name]
 
     async def run_job(request: Request, name: str, ids: list[list[int]], work: Work,
@@ -507,6 +521,10 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
     return entries
 
 
+def _warm_up(translator: Translator) -> None:
+    translator.translate_ids([[4, 5, 6]], beam=2, nbest=1)
+
+
 def _pieces(vocab, ids: list[int]) -> list[str]:
     return [vocab.processor.id_to_piece(i) for i in ids]
 
@@ -515,10 +533,12 @@ def _finite(score: float) -> float | None:
     return score if score == score and abs(score) != float("inf") else None
 
 
-def launch_server(args: list[str], wait_s: float = 20.0) -> tuple[subprocess.Popen, str]:
+def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
+                  ) -> tuple[subprocess.Popen, str]:
     """Start ``ranmt serve ARGS`` in a child process on a free loopback port and wait (up to
     ``wait_s``) until it answers ``GET /health``. Returns (process, base URL); the caller
     stops the process. For tests, load benchmarks and scripts that drive a real server.
+    ``env``: the child's environment (default: this process').
 
     Raises ``RuntimeError`` (with the end of the server's error output) when the server
     exits or does not answer in time; the process is then stopped."""
@@ -530,7 +550,8 @@ def launch_server(args: list[str], wait_s: float = 20.0) -> tuple[subprocess.Pop
     # child keeps its own handle when this one closes.
     with tempfile.TemporaryFile() as errors:
         process = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port",
-                                    str(port), *args], stdout=subprocess.DEVNULL, stderr=errors)
+                                    str(port), *args], stdout=subprocess.DEVNULL, stderr=errors,
+                                   env=env)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and process.poll() is None:
             try:

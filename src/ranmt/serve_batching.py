@@ -9,7 +9,8 @@ and one worker forms batches from them:
   is refused at once (:class:`QueueFullError`, 503 with ``Retry-After``); a job alone in
   an empty queue is always taken.
 * **Fair batches**: a batch takes lines from the waiting jobs of one kind of work in turns
-  — one line of each job per round, rounds until ``max_batch_tokens`` — starting after the
+  — one line of each job per round, rounds until ``max_batch_tokens`` source tokens or
+  ``max_batch_lines`` lines (one decoding batch) — starting after the
   job the previous batch served last. A one-line request that arrives behind a burst of
   large requests is in the next batch, not after the burst; a lone request still decodes
   in as few batches as before (all its lines, round after round).
@@ -71,7 +72,10 @@ class Job:
     arrived: float = 0.0
     tokens: int = field(init=False)
     taken: int = 0
-    """Lines handed to batches so far."""
+    """Lines handed to batches so far (in ``order``)."""
+    order: list[int] = field(init=False)
+    """The job's line numbers, shortest first: the order its lines are taken in, so that
+    batches drawn from many jobs hold lines of similar lengths (less padding)."""
     results: list = field(init=False)
     answered: int = 0
     started: bool = False
@@ -84,6 +88,7 @@ class Job:
     def __post_init__(self):
         self.tokens = sum(len(seq) + 1 for seq in self.ids)
         self.results = [None] * len(self.ids)
+        self.order = sorted(range(len(self.ids)), key=lambda line: len(self.ids[line]))
 
 
 class QueueFullError(RequestError):
@@ -130,17 +135,26 @@ class Batcher:
         job = Job(ids, work, extras, loop.create_future(), loop.time() + timeout_s,
                   next(self._numbers), loop.time())
         if self.queued_tokens and self.queued_tokens + job.tokens > self.limits.max_queued_tokens:
-            rate = self.tokens_per_s or 1000.0
-            retry = int(min(60, max(1, -(-self.queued_tokens // rate))))
-            raise QueueFullError(f"model '{self.name}' is busy: {self.queued_tokens} source "
-                                 f"tokens queued, at most {self.limits.max_queued_tokens}; "
-                                 f"retry in {retry} s", retry)
+            raise self._full()
         self.queued_tokens += job.tokens
         self.queued_requests += 1
         self._gauges()
         self.pending.append(job)
         self._arrival.set()
         return job
+
+    def refuse_if_full(self) -> None:
+        """:class:`QueueFullError` when the queue is already at its limit: checked before a
+        request's text is even tokenized, so refusals stay fast under a burst."""
+        if self.queued_tokens >= self.limits.max_queued_tokens:
+            raise self._full()
+
+    def _full(self) -> QueueFullError:
+        rate = self.tokens_per_s or 1000.0
+        retry = int(min(60, max(1, -(-self.queued_tokens // rate))))
+        return QueueFullError(f"model '{self.name}' is busy: {self.queued_tokens} source "
+                              f"tokens queued, at most {self.limits.max_queued_tokens}; "
+                              f"retry in {retry} s", retry)
 
     def drop(self, job: Job) -> bool:
         """Give up a job none of whose lines was taken (deadline, client gone); False if
@@ -190,10 +204,12 @@ class Batcher:
             for job in turn:
                 if job.taken == len(job.ids):
                     continue
-                size = len(job.ids[job.taken]) + 1
-                if batch and tokens + size > self.limits.max_batch_tokens:
+                line = job.order[job.taken]
+                size = len(job.ids[line]) + 1
+                if batch and (tokens + size > self.limits.max_batch_tokens
+                              or len(batch) >= self.limits.max_batch_lines):
                     return self._took(batch)
-                batch.append((job, job.taken))
+                batch.append((job, line))
                 job.taken += 1
                 job.started = True
                 tokens += size
@@ -267,7 +283,8 @@ class Batcher:
             self.metrics.errors.labels(self.name, "decoding").inc()
         for job in {id(job): job for job, _ in batch}.values():
             if job.queued:
-                self.queued_tokens -= sum(len(seq) + 1 for seq in job.ids[job.taken:])
+                self.queued_tokens -= sum(len(job.ids[line]) + 1
+                                          for line in job.order[job.taken:])
                 job.taken = len(job.ids)
                 self._leave_queue(job)
             if not job.future.done():

@@ -522,7 +522,11 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
 
 
 def _warm_up(translator: Translator) -> None:
-    translator.translate_ids([[4, 5, 6]], beam=2, nbest=1)
+    """Decode one short input with the model (beneath the Translator: not a request)."""
+    from ranmt.decode import search
+
+    search(translator.model, pad_sources([[4, 5, 6]]).to(translator.device), beam=2,
+           max_len_a=0.0, max_len_b=3)
 
 
 def _pieces(vocab, ids: list[int]) -> list[str]:

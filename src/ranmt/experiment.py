@@ -94,6 +94,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
 import yaml
 
 from ranmt.checkpoint import step_checkpoints
@@ -104,6 +105,7 @@ from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, paired_bootstrap, score
+from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
 from ranmt.train import fill_config_from_data, train
 from ranmt.translator import Translator
 
@@ -302,12 +304,30 @@ def _digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _comparable_config(config: dict) -> dict:
-    """A cell's recorded config without what may differ between identical trainings: the
-    location of the prepared data (its content is compared separately)."""
+def _comparable_config(config: dict, precision: str | None = None) -> dict:
+    """A cell's config without what may differ between identical trainings: the location
+    of the prepared data (its content is compared separately); ``train.precision`` replaced
+    by the precision the cell trains (or trained) in when given (``auto`` resolves by the
+    hardware)."""
     config = json.loads(json.dumps(config))  # a deep copy with JSON types (tuples -> lists)
     config.get("data", {}).pop("dir", None)
+    if precision is not None:
+        config.setdefault("train", {})["precision"] = precision
     return config
+
+
+def _device(name: str) -> torch.device:
+    cuda = name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if cuda else "cpu")
+
+
+def _recorded_config(cell: dict) -> dict:
+    """A finished cell's comparable config, with the precision it trained in (cells from
+    before the precision was recorded: what ``auto`` meant then)."""
+    train_config = cell["config"].get("train", {})
+    precision = cell.get("train", {}).get("precision") or legacy_precision(
+        train_config.get("precision", "auto"), _device(train_config.get("device", "auto")))
+    return _comparable_config(cell["config"], precision)
 
 
 def expected_cell_config(experiment: Experiment, variant: dict, seed: int,
@@ -320,7 +340,11 @@ def expected_cell_config(experiment: Experiment, variant: dict, seed: int,
     for key, value in experiment.decode.items():
         if value is not None and hasattr(cfg.decode, key):
             setattr(cfg.decode, key, value)
-    return _comparable_config(to_dict(cfg))
+    try:
+        precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))[0]
+    except PrecisionError:
+        precision = cfg.train.precision  # the cell itself will say why it cannot run
+    return _comparable_config(to_dict(cfg), precision)
 
 
 def _same_data(ours: Path, theirs: Path, tests: list[str]) -> str | None:
@@ -359,7 +383,7 @@ def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
     cell is what this one would compute; reusing it saves its training time."""
     expected = expected_cell_config(experiment, variant, seed, data_dir)
     for source, cell_file, cell in _finished_cells(sources, seed):
-        if _comparable_config(cell["config"]) != expected:
+        if _recorded_config(cell) != expected:
             continue
         if any(test not in cell["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
                for test in dataset.tests):
@@ -438,7 +462,7 @@ def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed:
         return None  # epoch-budgeted or unvalidated runs: keep it simple, train from scratch
     expected = _without_budget(expected_cell_config(experiment, variant, seed, data_dir))
     for source, cell_file, cell in _finished_cells(sources, seed):
-        if _without_budget(cell["config"]) != expected:
+        if _without_budget(_recorded_config(cell)) != expected:
             continue
         if _same_data(data_dir, source / "data" / cell["dataset"], []) is not None:
             continue

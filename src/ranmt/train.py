@@ -7,8 +7,9 @@ every ``validate_every`` steps, best-by-BLEU and last-K checkpoints, early stopp
 ``max_steps`` / ``max_epochs`` / ``max_time`` limits, exact resume (model, optimizer,
 schedule, RNG, epoch and batch position), TensorBoard scalars and a progress bar.
 
-Loss: ``F.cross_entropy(..., label_smoothing=eps)``, i.e. for a target y and V classes
-``(1 - eps) * (-log p_y) + eps * mean_v(-log p_v)``, summed over non-pad target tokens.
+Loss (:mod:`ranmt.loss`): what ``F.cross_entropy(..., label_smoothing=eps)`` gives, i.e. for a
+target y and V classes ``(1 - eps) * (-log p_y) + eps * mean_v(-log p_v)``, summed over non-pad
+target tokens, as one fused autograd function.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -38,7 +38,7 @@ from ranmt.checkpoint import (
 from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
 from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches, rank_plan
 from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_meta, load_split, raw_text
-from ranmt.data.vocab import PAD, Vocab
+from ranmt.data.vocab import Vocab
 from ranmt.distributed import (
     all_reduce_sum,
     barrier,
@@ -47,7 +47,10 @@ from ranmt.distributed import (
     shutdown,
 )
 from ranmt.evaluate import score
+from ranmt.loss import label_smoothed_loss
+from ranmt.memory import retain_freed_memory
 from ranmt.model import build_model, count_parameters
+from ranmt.precision import PRECISIONS, bf16_activations, legacy_precision, resolve_precision
 from ranmt.translator import Translator
 
 
@@ -62,28 +65,6 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> f
     if step <= warmup:
         return init + (peak - init) * step / warmup
     return peak * math.sqrt(warmup / step)
-
-
-def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed smoothed loss, summed NLL) over non-pad tokens; logits (B, T, V), target (B, T)."""
-    flat_logits = logits.reshape(-1, logits.shape[-1]).float()
-    flat_target = target.reshape(-1)
-    loss = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD,
-                           label_smoothing=smoothing, reduction="sum")
-    with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD, reduction="sum")
-    return loss, nll
-
-
-def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if precision == "fp32":
-        return None
-    if precision == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return None
-    return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
 class _StopSignal:
@@ -235,7 +216,8 @@ class TrainingRun:
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        self.autocast_dtype = _autocast_dtype(self.t.precision, self.device)
+        if self.device.type == "cpu":
+            retain_freed_memory()  # no page faults on every step's large buffers (memory.py)
         torch.manual_seed(self.t.seed)
 
     def _setup_model_and_optimizer(self) -> None:
@@ -254,6 +236,7 @@ class TrainingRun:
             self.state.update(saved_meta["trainer"])
         else:
             model = build_model(cfg.model).to(device)
+        self._setup_precision()
         model.train()
         self.model = model
         if self.ctx.is_main:
@@ -279,6 +262,24 @@ class TrainingRun:
                 torch.cuda.set_rng_state(extra["cuda_rng"], device)
         self.scaler = torch.amp.GradScaler(device.type,
                                            enabled=self.autocast_dtype == torch.float16)
+
+    def _setup_precision(self) -> None:
+        """The run's precision: resolved once when it starts (``auto`` by the hardware,
+        :mod:`ranmt.precision`) and kept in the trainer state, so that a resumed run goes on
+        in the precision it started in, on any machine."""
+        recorded = self.state.get("precision")
+        if recorded is not None:
+            self.precision, self.precision_reason = recorded, "as the run started"
+        elif self.resume_from is not None:  # started before the precision was recorded
+            self.precision = legacy_precision(self.t.precision, self.device)
+            self.precision_reason = "as the run started (train.precision before CPU bf16)"
+        else:
+            self.precision, self.precision_reason = resolve_precision(self.t.precision,
+                                                                      self.device)
+        self.state["precision"] = self.precision
+        self.autocast_dtype = PRECISIONS[self.precision]
+        # bf16 on a CPU: bf16 residual streams as well as bf16 products (precision.py)
+        self.bf16_activations = self.precision == "bf16" and self.device.type == "cpu"
 
     def _setup_data(self) -> None:
         """Training pairs (too long ones skipped), validation split, references, translator."""
@@ -311,7 +312,8 @@ class TrainingRun:
         self.params = count_parameters(self.model)
         self.log.line(
             f"ranmt train: {self.params['total']:,} parameters, device {self.device}, "
-            f"precision {self.autocast_dtype or 'fp32'}, {len(self.train_split)} training pairs"
+            f"precision {self.precision} ({self.precision_reason}), "
+            f"{len(self.train_split)} training pairs"
             + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
                f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
             + (f", resuming from {self.resume_from.name}" if self.resume_from else ""))
@@ -399,7 +401,8 @@ class TrainingRun:
                 else self.ddp_model.no_sync()
             with sync:
                 with torch.autocast(device.type, dtype=self.autocast_dtype,
-                                    enabled=self.autocast_dtype is not None):
+                                    enabled=self.autocast_dtype is not None), \
+                        bf16_activations(self.bf16_activations):
                     logits = self.step_model(batch.src, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
                 self.scaler.scale(loss * loss_scale).backward()
@@ -561,7 +564,8 @@ class TrainingRun:
                    "train_tokens_per_s": tok_s, "parameters": self.params["total"],
                    "wall_time_s": time.monotonic() - self.start_time,
                    "seconds_to_first_step": self.seconds_to_first_step,
-                   "nonfinite_skipped": state["nonfinite_skipped"]}
+                   "nonfinite_skipped": state["nonfinite_skipped"],
+                   "precision": self.precision}
         self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
                       f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "
                       f"{state['best_bleu']} at step {state['best_step']}")

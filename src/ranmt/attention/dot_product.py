@@ -150,8 +150,7 @@ class DotProductAttention(Attention):
         elif few_queries and not self.training:
             context = _explicit_attention(q, k, v, allowed)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                                     dropout_p=dropout_p)
+            context = _fused_attention(q, k, v, allowed, dropout_p)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, state)
 
     def _grouped(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None,
@@ -178,6 +177,20 @@ class DotProductAttention(Attention):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
         return AttnOutput(self.out_proj(context), weights, state)
+
+
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+                     dropout_p: float) -> Tensor:
+    """``scaled_dot_product_attention`` (B, H, T, d_h) -> (B, H, T, d_h). bf16 training on a
+    CPU runs it in fp32: PyTorch's CPU flash-attention backward is ~5x slower in bf16 than
+    in fp32 at these sizes (benchmarks/profile_train.py), and the products inside are too
+    small for bf16 to pay back the casts."""
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=allowed,
+                dropout_p=dropout_p).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
 
 
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:

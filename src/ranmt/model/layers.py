@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import Attention
+from ranmt.precision import activation_dtype
 
 
 class SinusoidalPositions(nn.Module):
@@ -84,6 +85,9 @@ class Embedder(nn.Module):
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], offset).to(x.dtype)
+        dtype = activation_dtype()  # bf16 training on a CPU: a bf16 residual stream
+        if dtype is not None:
+            x = x.to(dtype)
         return self.dropout(x)
 
 

@@ -1,0 +1,132 @@
+"""Where a CPU training step spends its time, in fp32 and in bf16: torch.profiler per op.
+
+Builds ``small`` models (8k joint vocabulary, like the Multi30k grid), and times a full
+optimizer step (forward, label-smoothed loss, backward, clipping-free AdamW update) on a
+fixed synthetic batch of ``--sentences`` x ``--length`` tokens per side, each precision
+mode side by side in this process (interleaved repetitions; medians), then profiles a few
+steps of each and writes the per-op tables (self CPU time) to ``--out``.
+
+Precision modes: ``fp32``; ``bf16-autocast`` (``torch.autocast("cpu", torch.bfloat16)``
+around the forward); and ``bf16`` (what the trainer does: the same autocast with bf16
+residual streams, ``ranmt.precision.bf16_activations``). All modes use the trainer's fused
+loss (``ranmt.loss``) and, unless ``--default-allocator``, its malloc tuning
+(``ranmt.memory``).
+
+    python benchmarks/profile_train.py --arch transf ran-all --out docs/performance
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ranmt.config import load_config
+from ranmt.memory import retain_freed_memory
+from ranmt.model import build_model
+from ranmt.precision import bf16_activations
+from ranmt.train import label_smoothed_loss
+
+MODES = ("fp32", "bf16-autocast", "bf16")
+
+
+def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0):
+    """A closure running one optimizer step of a fresh ``small`` model in ``mode``."""
+    cfg = load_config(None, {"model.preset": "small", "model.arch": arch,
+                             "model.src_vocab_size": str(vocab),
+                             "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
+    torch.manual_seed(seed)
+    model = build_model(cfg.model).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (sentences, length), generator=gen)
+    tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    autocast = mode != "fp32"
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+                bf16_activations(mode == "bf16"):
+            logits = model(src, tgt_in)
+        loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
+        (loss / tgt_out.numel()).backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def time_modes(arch: str, args) -> dict[str, float]:
+    """Median seconds per step of each mode, repetitions interleaved across modes."""
+    steps = {mode: make_step(arch, mode, args.sentences, args.length, args.vocab)
+             for mode in MODES}
+    for step in steps.values():  # warm-up (allocator, oneDNN kernels)
+        step()
+        step()
+    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for _ in range(args.repeats):
+        for mode, step in steps.items():
+            start = time.perf_counter()
+            step()
+            seconds[mode].append(time.perf_counter() - start)
+    return {mode: statistics.median(values) for mode, values in seconds.items()}
+
+
+def profile_mode(arch: str, mode: str, args) -> str:
+    step = make_step(arch, mode, args.sentences, args.length, args.vocab)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.profile_steps):
+            step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", nargs="+", default=["transf", "ran-all"])
+    p.add_argument("--sentences", type=int, default=160)
+    p.add_argument("--length", type=int, default=24)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--rows", type=int, default=30)
+    p.add_argument("--out", help="write the per-op tables here (profile_train_ARCH_MODE.txt)")
+    p.add_argument("--no-profile", action="store_true", help="timings only")
+    p.add_argument("--default-allocator", action="store_true",
+                   help="leave glibc's malloc as it is (the trainer tunes it, ranmt.memory)")
+    args = p.parse_args(argv)
+    if not args.default_allocator:
+        retain_freed_memory()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch "
+          f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
+          f"{'default' if args.default_allocator else 'tuned'} malloc")
+    print("| arch | " + " | ".join(f"{m} s/step" for m in MODES)
+          + " | bf16-autocast / fp32 | bf16 / fp32 |")
+    print("|---" * (len(MODES) + 3) + "|")
+    for arch in args.arch:
+        t = time_modes(arch, args)
+        print(f"| {arch} | " + " | ".join(f"{t[m]:.3f}" for m in MODES)
+              + f" | {t['fp32'] / t['bf16-autocast']:.2f}x | {t['fp32'] / t['bf16']:.2f}x |")
+    if args.no_profile:
+        return
+    for arch in args.arch:
+        for mode in MODES:
+            table = profile_mode(arch, mode, args)
+            if args.out:
+                path = Path(args.out) / f"profile_train_{arch}_{mode}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"{arch}, {mode}, {args.profile_steps} steps of "
+                                f"{args.sentences} x {args.length}, torch {torch.__version__}, "
+                                f"{torch.get_num_threads()} threads\n{table}\n",
+                                encoding="utf-8")
+            else:
+                print(f"\n{arch} {mode}\n{table}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""CPU training memory: keep freed heap memory for reuse instead of returning it at once.
+
+A training step allocates and frees the same large tensors every step (activations, the
+(tokens x vocabulary) logits and their gradient: ~120 MB each for a 160 x 24 batch and an
+8k vocabulary). glibc's malloc serves blocks above ``M_MMAP_THRESHOLD`` (128 KB to 32 MB,
+adaptive) with ``mmap`` and unmaps them on free, so every step touches fresh pages and pays
+a page fault per 4 KB — measured by ``benchmarks/profile_train.py``, a new 123 MB buffer
+costs ~50 ms before any arithmetic, ~15% of a bf16 step. :func:`retain_freed_memory` raises
+the mmap threshold and the trim threshold (``mallopt``), so large blocks come from the heap
+and stay there for the next step: the process keeps its high-water mark of memory (as the
+caching allocators of GPUs do), and a step stops faulting. The same effect without code:
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment, or jemalloc /
+tcmalloc through ``LD_PRELOAD``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_applied = False
+
+
+def retain_freed_memory() -> bool:
+    """Tune glibc's malloc as above (once per process); False where there is no glibc."""
+    global _applied
+    if _applied:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: nothing to tune this way
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    done = (mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
+            and mallopt(_M_TOP_PAD, 1 << 26) == 1)
+    _applied = done
+    return done

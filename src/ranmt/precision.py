@@ -1,0 +1,109 @@
+"""Precision on CPUs: whether a CPU computes bf16 natively, and bf16 activations.
+
+**Native bf16.** ``train.precision=auto`` picks bf16 on a CPU only where the CPU has bf16
+instructions (AVX512-BF16 or AMX-BF16, read from the CPU flags the kernel reports) — there
+oneDNN's bf16 matrix products run at 2-3x fp32; elsewhere bf16 is emulated and slower, and
+``auto`` stays fp32 (:func:`cpu_bf16_support` says why, for the log line).
+
+**bf16 activations.** ``torch.autocast("cpu", torch.bfloat16)`` runs the matrix products in
+bf16 but leaves the tensors between them as they come: the residual stream, layer norms,
+dropout, activations and softmaxes stay fp32 when the embeddings are fp32, and every
+product casts its fp32 input again. Under :func:`bf16_activations` the embedders cast their
+output to bf16, so the whole residual stream is bf16 (half the memory traffic of the
+elementwise work, no casts between products), while the weights stay fp32 (master copies,
+cast once per autocast region by autocast's cache), gradients reach them in fp32, and the
+optimizer state is fp32. Softmax-like reductions accumulate in fp32 inside PyTorch's bf16
+kernels; the loss is computed from fp32 logits (``ranmt.train.label_smoothed_loss``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from pathlib import Path
+
+import torch
+
+_activation_dtype: torch.dtype | None = None
+"""Set by :func:`bf16_activations` (a plain module variable: torch.compile traces its reads
+without a graph break, which a ContextVar would cause)."""
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_support(cpuinfo: str | None = None) -> tuple[bool, str]:
+    """(native bf16 on this CPU, the reason in words). ``cpuinfo``: the text of
+    /proc/cpuinfo (read on Linux when not given; other systems: not detected)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if not path.is_file():
+            return False, f"cannot read CPU flags on {platform.system()}: assuming no native bf16"
+        cpuinfo = path.read_text(encoding="utf-8", errors="replace")
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    found = [flag for flag in BF16_FLAGS if flag in flags]
+    if found:
+        return True, f"the CPU has {' and '.join(found)}"
+    return False, "the CPU has neither AVX512-BF16 nor AMX-BF16 (bf16 would be emulated)"
+
+
+def activation_dtype() -> torch.dtype | None:
+    """The dtype embedders cast their output to (None: leave it as computed)."""
+    return _activation_dtype
+
+
+@contextlib.contextmanager
+def bf16_activations(enabled: bool = True):
+    """Within: embedder outputs (and so the residual streams) are bf16 (the training loop's
+    thread; not meant to be entered from several threads at once)."""
+    global _activation_dtype
+    previous = _activation_dtype
+    _activation_dtype = torch.bfloat16 if enabled else None
+    try:
+        yield
+    finally:
+        _activation_dtype = previous
+
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""Resolved precision name -> the autocast dtype (None: no autocast)."""
+
+
+class PrecisionError(ValueError):
+    pass
+
+
+def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
+    """``train.precision`` (auto | fp32 | bf16 | fp16) on ``device`` -> (fp32 | bf16 | fp16,
+    the reason in words). ``auto``: bf16 on a CUDA GPU that supports it or on a CPU with
+    native bf16 (:func:`cpu_bf16_support`), fp32 elsewhere. An explicit ``bf16`` on a CPU
+    without native bf16 is an error (it would run, emulated, slower than fp32)."""
+    if requested in ("fp32", "fp16"):
+        return requested, "as configured"
+    if requested not in ("auto", "bf16"):
+        raise PrecisionError(f"train.precision must be auto, fp32, bf16 or fp16, not "
+                             f"'{requested}'")
+    if device.type == "cuda":
+        if requested == "bf16" or torch.cuda.is_bf16_supported():
+            return "bf16", "as configured" if requested == "bf16" else "auto: the GPU has bf16"
+        return "fp32", "auto: the GPU has no bf16"
+    native, why = cpu_bf16_support()
+    if requested == "bf16":
+        if not native:
+            raise PrecisionError(f"train.precision=bf16 on this CPU: {why}; use fp32 (or "
+                                 "auto, which picks fp32 here)")
+        return "bf16", why
+    return ("bf16" if native else "fp32"), f"auto: {why}"
+
+
+def legacy_precision(requested: str, device: torch.device) -> str:
+    """What ``auto`` meant before CPUs got bf16 (runs and grid cells started then):
+    bf16 only on a CUDA GPU with bf16, fp32 on every CPU."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"

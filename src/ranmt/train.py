@@ -272,7 +272,7 @@ class TrainingRun:
             self.precision, self.precision_reason = recorded, "as the run started"
         elif self.resume_from is not None:  # started before the precision was recorded
             self.precision = legacy_precision(self.t.precision, self.device)
-            self.precision_reason = "as the run started (train.precision before CPU bf16)"
+            self.precision_reason = "as the run started, before CPUs trained in bf16"
         else:
             self.precision, self.precision_reason = resolve_precision(self.t.precision,
                                                                       self.device)

@@ -92,7 +92,8 @@ def _load_translator(args):
                          "seed": args.seed} if sampling else {})
     checkpoints = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
     translator = Translator.load(checkpoints, device=args.device, quantize=args.quantize,
-                                 beam=args.beam, lenpen=args.lenpen, batch_size=args.batch_size,
+                                 precision=args.precision, beam=args.beam, lenpen=args.lenpen,
+                                 batch_size=args.batch_size,
                                  max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                                  nbest=nbest, truncate_long=True if args.truncate_long else None,
                                  **sampling_options)
@@ -319,7 +320,7 @@ def _cmd_serve(args) -> None:
                          max_queued_tokens=args.max_queued_tokens,
                          request_timeout_s=args.request_timeout)
     serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits,
-          api_key=read_api_key(args.api_key_file))
+          api_key=read_api_key(args.api_key_file), precision=args.precision)
 
 
 def _cmd_export(args) -> None:
@@ -387,6 +388,9 @@ def _decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
                         help="int8: int8 dynamic quantization of the linear layers (CPU only; "
                              "faster, BLEU within a few tenths; default none)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: weights and activations in bf16, scores in fp32 (a GPU, "
+                             "or a CPU with AVX512-BF16/AMX; default fp32)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar (shown on stderr when it is a terminal)")
 
@@ -604,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--device", default="auto")
     p.add_argument("--quantize", default="none", choices=["none", "int8"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: weights and activations in bf16 (see translate --help)")
     p.add_argument("--max-lines", type=int, default=64, help="lines per request")
     p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
     p.add_argument("--max-beam", type=int, default=16)

@@ -4,7 +4,8 @@ Profiling the decoder (batch 100, beam 4, ``small``) put two thirds of the time 
 products, and PyTorch's default CPU GEMM (MKL) ran them at 60-110 GFLOP/s per core on this
 project's AMD EPYC machines, against 160-260 GFLOP/s for oneDNN's AVX-512 kernels on the same
 shapes (``benchmarks/fast_vs_reference.py`` and the commit that added this module). So at
-inference (eval mode, no gradient, float32 on the CPU) every linear layer multiplies with a
+inference (eval mode, no gradient, float32 or bfloat16 on the CPU) every linear layer multiplies
+with a
 copy of its weight reordered for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, the
 op PyTorch's own compiler uses for frozen CPU graphs), cached per weight and rebuilt when the
 weight changes (its version counter or storage). Training and every other device or dtype
@@ -42,10 +43,13 @@ def available() -> bool:
 _AVAILABLE = available()
 
 
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def _applies(x: Tensor, weight: Tensor) -> bool:
     return (_enabled and _AVAILABLE and not torch.is_grad_enabled()
-            and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not weight.is_mkldnn)
+            and x.device.type == "cpu" and x.dtype in _DTYPES
+            and weight.dtype == x.dtype and not weight.is_mkldnn)
 
 
 def inference_linear(x: Tensor, weight: Tensor, bias: Tensor | None, cache: dict,

@@ -574,7 +574,7 @@ def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
 
 def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
           device: str = "auto", quantize: str = "none", limits: ServeLimits | None = None,
-          log_level: str = "info", api_key: str | None = None) -> None:
+          log_level: str = "info", api_key: str | None = None, precision: str = "fp32") -> None:
     """Load the models and serve them until SIGTERM / Ctrl-C."""
     import ipaddress
     import logging
@@ -600,7 +600,8 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
             if sig == signal.SIGTERM and captured and captured[-1] == sig:
                 captured.pop()
 
-    translators = {name: Translator.load(path, device=device, quantize=quantize)
+    translators = {name: Translator.load(path, device=device, quantize=quantize,
+                                         precision=precision)
                    for name, path in model_names(checkpoints).items()}
     app = create_app(translators, limits, api_key)
     Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,

@@ -77,28 +77,31 @@ class Translator:
 
     @classmethod
     def load(cls, checkpoint: str | Path | list[str | Path], device: str = "auto",
-             quantize: str = "none", **decode_overrides) -> Translator:
+             quantize: str = "none", precision: str = "fp32",
+             **decode_overrides) -> Translator:
         """Load a run directory or checkpoint; ``decode_overrides`` set decode fields.
 
         Several checkpoints (a list of more than one) decode as an ensemble; they must have
         the same SentencePiece models (the decoding settings are the first one's).
         ``quantize="int8"``: int8 dynamic quantization of the linear layers (CPU only;
-        see :mod:`ranmt.quantize`)."""
+        see :mod:`ranmt.quantize`). ``precision="bf16"``: weights and activations in bf16
+        (log-probabilities and scores in fp32), on a GPU or a CPU with native bf16."""
         from ranmt.quantize import quantize_model
 
         device_ = pick_device(device)
         if quantize != "none" and device_.type != "cpu":
             raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
+        _check_precision(precision, quantize, device_)
         paths = list(checkpoint) if isinstance(checkpoint, (list, tuple)) else [checkpoint]
         if not paths:
             raise ValueError("no checkpoint given")
         loaded = [load_checkpoint(path, device_) for path in paths]
-        model, config, _, directory = loaded[0]
-        model = quantize_model(model, quantize)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        models = [quantize_model(item[0], quantize).to(dtype) for item in loaded]
+        model, config, directory = models[0], loaded[0][1], loaded[0][3]
         if len(loaded) > 1:
             _check_same_vocabularies([item[3] for item in loaded])
-            model = Ensemble([model] + [quantize_model(item[0], quantize)
-                                        for item in loaded[1:]])
+            model = Ensemble(models)
             config = dataclasses.replace(config, model=model.config)
         for key, value in decode_overrides.items():
             if value is None:
@@ -315,3 +318,17 @@ def _check_same_vocabularies(directories: list[Path]) -> None:
                     f"cannot ensemble {directories[0]} and {directory}: their "
                     f"{'source' if side == 'src' else 'target'} vocabularies (spm.{side}.model) "
                     "differ; ensemble members must be trained on the same prepared data")
+
+
+def _check_precision(precision: str, quantize: str, device: torch.device) -> None:
+    """Decoding precision: fp32, or bf16 on a GPU or a CPU with native bf16."""
+    from ranmt.precision import cpu_bf16_support
+
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, not '{precision}'")
+    if precision == "bf16" and quantize != "none":
+        raise ValueError("bf16 and int8 quantization are alternatives: choose one")
+    if precision == "bf16" and device.type == "cpu":
+        native, why = cpu_bf16_support()
+        if not native:
+            raise ValueError(f"--precision bf16 on this CPU: {why}; decode in fp32 or int8")

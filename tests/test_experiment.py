@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-import ranmt.experiment as experiment_module
+import ranmt.experiment.cells as cells_module
+import ranmt.experiment.tables as tables_module
 from conftest import reverse_task, write_parallel
 from ranmt.cli import main
 from ranmt.config import ConfigError
@@ -41,13 +42,13 @@ def _grid(tmp_path) -> object:
 def _count_trainings(monkeypatch) -> list[str]:
     """Record the run folder of every training `ranmt experiment` starts from now on."""
     calls: list[str] = []
-    real_train = experiment_module.train
+    real_train = cells_module.train
 
     def counting_train(cfg, data_dir, run_dir):
         calls.append(str(run_dir))
         return real_train(cfg, data_dir, run_dir)
 
-    monkeypatch.setattr(experiment_module, "train", counting_train)
+    monkeypatch.setattr(cells_module, "train", counting_train)
     return calls
 
 
@@ -164,7 +165,7 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
 
     path = _grid(tmp_path)
     out = tmp_path / "elsewhere"
-    real_train = experiment_module.train
+    real_train = cells_module.train
     calls = []
 
     def signalled_train(cfg, data_dir, run_dir):
@@ -172,7 +173,7 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
         summary = real_train(cfg, data_dir, run_dir)
         return {**summary, "stop_reason": "SIGTERM received"}
 
-    monkeypatch.setattr(experiment_module, "train", signalled_train)
+    monkeypatch.setattr(cells_module, "train", signalled_train)
     with pytest.raises(SystemExit) as exit_info:
         main(["experiment", str(path), "--out", str(out)])
     assert exit_info.value.code == 130
@@ -182,7 +183,7 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
     assert (cell_dir / "run" / "checkpoints").is_dir()  # saved for resume
     assert not (tmp_path / "exp").exists()  # the file's `out` was overridden
 
-    monkeypatch.setattr(experiment_module, "train", real_train)
+    monkeypatch.setattr(cells_module, "train", real_train)
     main(["experiment", str(path), "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
     assert results["complete"] is True
@@ -256,14 +257,14 @@ def test_tables_aggregate_seeds_exactly(tmp_path, monkeypatch):
         {"name": "RAN"}], seeds=[1, 2, 3], baseline="TransF", base_config=None, overrides={},
         decode={}, alpha=0.05)
     p_by_seed = {1: 0.01, 2: 0.02, 3: 0.04}
-    monkeypatch.setattr(experiment_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(experiment_module, "_read_hyps", lambda e, c, t: [str(c["seed"])])
+    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(tables_module, "_read_hyps", lambda e, c, t: [str(c["seed"])])
 
     def fake_bootstrap(systems, refs, metrics, samples):
         p = p_by_seed[int(systems[1][1][0])]
         return {"systems": [{}, {f"{m}_p": (p if m == "bleu" else 0.5) for m in metrics}]}
 
-    monkeypatch.setattr(experiment_module, "paired_bootstrap", fake_bootstrap)
+    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
     markdown, results = build_tables(experiment, cells)
     assert "| SacreBLEU | 31.00 ± 1.00 | 33.17 ± 1.04 (+2.17) † |" in markdown  # Welch p 0.06
     assert "| chrF | 52.00 ± 1.00 | 52.00 ± 1.00 (+0.00) |" in markdown
@@ -541,9 +542,9 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
                                                      tests={"t": "t"}, task="translation")],
         variants=[{"name": v} for v in means], seeds=[1, 2, 3], baseline="TransF",
         base_config=None, overrides={}, decode={}, alpha=0.05)
-    monkeypatch.setattr(experiment_module, "TASK_METRICS", {"translation": ["bleu"]})
-    monkeypatch.setattr(experiment_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(experiment_module, "_read_hyps",
+    monkeypatch.setattr(tables_module, "TASK_METRICS", {"translation": ["bleu"]})
+    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(tables_module, "_read_hyps",
                         lambda e, c, t: [f"{c['variant']}|{c['seed']}"])
 
     def fake_bootstrap(systems, refs, metrics, samples):
@@ -552,7 +553,7 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
         p = 0.2 if (variant, base, int(seed)) in weak else 0.01
         return {"systems": [{}, {"bleu_p": p}]}
 
-    monkeypatch.setattr(experiment_module, "paired_bootstrap", fake_bootstrap)
+    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
     against_transf, _ = build_tables(experiment, cells)
     against_ad, results = build_tables(replace(experiment, baseline="TransF+AD"), cells)
     assert ("| SacreBLEU | 31.00 ± 1.00 | 32.00 ± 1.00 (+1.00) † | 35.00 ± 1.00 (+4.00) †‡ | "

@@ -1,0 +1,166 @@
+"""One cell of a grid: prepare its dataset (once, under a lock), train or resume it, decode
+and score every test set, write ``cell.json``; the lock files that let several workers
+share a grid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ranmt.config import ConfigError, load_config, to_dict
+from ranmt.data.corpus import load_meta, prepare, raw_text
+from ranmt.data.download import download_multi30k
+from ranmt.data.text import write_lines
+from ranmt.data.wmt import available as available_wmt
+from ranmt.data.wmt import download_wmt
+from ranmt.evaluate import TASK_METRICS, score
+from ranmt.experiment.spec import Dataset, Experiment, _run_dir
+from ranmt.train import train
+from ranmt.translator import Translator
+
+
+def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
+    """Download (if asked) and prepare a dataset once; return the prepared-data directory."""
+    prepared = root / "data" / dataset.name
+    if (prepared / "meta.json").is_file():
+        return prepared
+    tests = dict(dataset.tests)
+    train_prefix, valid_prefix = dataset.train, dataset.valid
+    if dataset.download:
+        raw = root / "data" / f"{dataset.name}.raw"
+        spec = dict(dataset.download)
+        kind = spec.get("dataset", "multi30k")
+        pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
+        if kind in available_wmt():
+            found = download_wmt(kind, pair, raw, spec.get("from"), log=log)
+            train_prefix = train_prefix or found["train"]
+            valid_prefix = valid_prefix or found["valid"]
+            tests = tests or found["tests"]
+        elif kind == "multi30k":
+            download_multi30k(pair, raw, spec.get("from"), log=log)
+            train_prefix = train_prefix or str(raw / "train")
+            valid_prefix = valid_prefix or str(raw / "val")
+        else:
+            raise ConfigError(f"dataset {dataset.name}: cannot download '{kind}' (available: "
+                              f"multi30k, {', '.join(available_wmt())})")
+        tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
+                 not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
+    log(f"preparing dataset {dataset.name}")
+    prepare(dataset.src, dataset.tgt, train_prefix, valid_prefix, prepared, tests,
+            dataset.vocab_size, dataset.joint, dataset.model_type, dataset.max_positions,
+            log=log)
+    return prepared
+
+
+def _prepare_once(dataset: Dataset, root: Path, log) -> Path:
+    """prepare_dataset under a lock, so that concurrent workers prepare a dataset once."""
+    lock = root / "data" / f"{dataset.name}.lock"
+    while not claim(lock):
+        if (root / "data" / dataset.name / "meta.json").is_file():
+            return root / "data" / dataset.name
+        time.sleep(2.0)
+    try:
+        return prepare_dataset(dataset, root, log)
+    finally:
+        release(lock)
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """Training stopped on a signal: the cell is saved for resume, not finished."""
+
+
+def _cell_config(experiment: Experiment, variant: dict, seed: int):
+    """The training config of one cell: base config, grid overrides, variant, seed."""
+    overrides = {**experiment.overrides, **variant.get("overrides", {}),
+                 "train.seed": seed}
+    return load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
+
+
+def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: dict,
+             seed: int, cell_dir: Path, log) -> dict:
+    """Train (or resume) one cell, decode and score every test set; write cell.json."""
+    cfg = _cell_config(experiment, variant, seed)
+    started = time.monotonic()
+    run_dir = _run_dir(experiment, dataset.name, variant["name"], seed)
+    summary = train(cfg, data_dir, run_dir)
+    if str(summary.get("stop_reason", "")).endswith("received"):
+        raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
+                              "the checkpoint is saved, rerun `ranmt experiment` to resume")
+    decode = {k: v for k, v in experiment.decode.items()}
+    translator = Translator.load(run_dir, **decode)
+    meta = load_meta(data_dir)
+    metrics = TASK_METRICS[dataset.task]
+    tests = {}
+    for test in dataset.tests:
+        sources = raw_text(data_dir, test, "src")
+        refs = raw_text(data_dir, test, "tgt")
+        start = time.perf_counter()
+        hyps = translator.translate(sources)
+        seconds = time.perf_counter() - start
+        hyp_path = cell_dir / f"{test}.hyp"
+        write_lines(hyp_path, hyps)
+        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""))
+        target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
+        result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
+                       "sentences_per_s": len(hyps) / seconds,
+                       "target_tokens_per_s": target_tokens / seconds})
+        tests[test] = result
+    cell = {"dataset": dataset.name, "variant": variant["name"], "seed": seed,
+            "checkpoint": str(translator.checkpoint_dir), "train": summary,
+            "parameters": summary["parameters"], "tests": tests,
+            "config": to_dict(translator.config),
+            "wall_seconds": time.monotonic() - started}
+    warm_file = run_dir / "warm_start.json"
+    if warm_file.is_file():  # steps 1..N came from another grid's cell (find_warm_start)
+        cell["warm_started_from"] = json.loads(warm_file.read_text(encoding="utf-8"))
+    log_file = run_dir / "train.log"
+    if log_file.is_file():  # the run folder is not kept in git; the log is small
+        shutil.copyfile(log_file, cell_dir / "train.log")
+    (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
+    return cell
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def claim(lock: Path) -> bool:
+    """Take ``lock`` for this process; False if another live process on this host holds it.
+
+    A lock from a dead process (or an unreadable one) is stale and taken over. Locks from
+    another host are respected (no way to check them), so remove those by hand if needed.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                host, pid = lock.read_text(encoding="utf-8").split()
+                holder_alive = host != socket.gethostname() or _pid_alive(int(pid))
+            except (OSError, ValueError):
+                holder_alive = False
+            if holder_alive:
+                return f"{host} {pid}" == me
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(me)
+        return True
+    return False
+
+
+def release(lock: Path) -> None:
+    lock.unlink(missing_ok=True)

@@ -1,0 +1,132 @@
+"""results.md / results.json (and results.vs-NAME.* for other baselines), rewritten after
+every cell, and the validation curves (``validation_<dataset>.png``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from ranmt.experiment.cells import _prepare_once
+from ranmt.experiment.spec import Experiment, _cell_dir, _git_commit, _run_dir
+from ranmt.experiment.tables import build_tables
+
+_VALIDATE_LINE = re.compile(r"^validate step (\d+):.*?valid_bleu ([\d.]+)", re.MULTILINE)
+
+
+def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, float]]:
+    """(step, validation BLEU) of a cell: from its summary, else parsed from its train.log."""
+    history = cell["train"].get("validations")
+    if history:
+        return [(v["step"], v["valid_bleu"]) for v in history if "valid_bleu" in v]
+    cell_dir = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
+    run_dir = _run_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
+    for log_file in (cell_dir / "train.log", run_dir / "train.log"):
+        if log_file.is_file():
+            points = {int(step): float(bleu) for step, bleu in
+                      _VALIDATE_LINE.findall(log_file.read_text(encoding="utf-8"))}
+            return sorted(points.items())
+    return []
+
+
+def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path) -> bool:
+    """Validation BLEU against optimizer steps, one line per cell; False if nothing to plot."""
+    curves = [(cell, validation_curve(experiment, cell)) for cell in cells]
+    curves = [(cell, points) for cell, points in curves if len(points) >= 2]
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [v["name"] for v in experiment.variants]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for cell, points in curves:
+        index = names.index(cell["variant"]) if cell["variant"] in names else 0
+        seed_index = experiment.seeds.index(cell["seed"]) if cell["seed"] in experiment.seeds \
+            else 0
+        steps, bleu = zip(*points)
+        axis.plot(steps, bleu, styles[seed_index % len(styles)],
+                  color=colours[index % len(colours)], marker=".",
+                  label=f"{cell['variant']} seed {cell['seed']}")
+        best = cell["train"].get("best_step")
+        if best in steps:
+            axis.plot([best], [bleu[steps.index(best)]], "o", color=colours[index % len(colours)],
+                      markersize=8, fillstyle="none")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("validation BLEU (greedy)")
+    axis.set_title(f"{experiment.name}: validation curves (circle: best checkpoint)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
+    """Every finished cell of the grid on disk (written by any worker), in grid order."""
+    cells = []
+    for dataset, variant, seed in grid:
+        cell_file = _cell_dir(experiment, dataset.name, variant["name"], seed) / "cell.json"
+        if cell_file.is_file():
+            cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
+    return cells
+
+
+def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
+                     log=print) -> Path:
+    """results.vs-BASELINE.md|json: the test tables against another variant of the grid."""
+    markdown, results = build_tables(replace(experiment, baseline=baseline), cells)
+    markdown = (f"> Every difference and mark here is against **{baseline}**; the grid's "
+                f"baseline is {experiment.baseline} (results.md).\n\n" + markdown)
+    results.update({"baseline": baseline, "commit": _git_commit(),
+                    "experiment_file": str(experiment.path)})
+    path = experiment.out / f"results.vs-{baseline}.md"
+    _write_markdown_and_json(path, markdown, results)
+    log(f"wrote {path} and {path.with_suffix('.json').name}")
+    return path
+
+
+def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) -> None:
+    """``NAME.md`` and, beside it, ``NAME.json``."""
+    markdown_path.write_text(markdown, encoding="utf-8")
+    markdown_path.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str),
+                                                  encoding="utf-8")
+
+
+def write_results(experiment: Experiment, grid: list, log=print,
+                  extra_baselines: list[str] | None = None) -> dict:
+    """(Re)write results.md and results.json from the finished cells on disk, and a
+    comparison against each of ``extra_baselines`` (:func:`write_comparison`)."""
+    cells = _read_cells(experiment, grid)
+    for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
+        if any(c["dataset"] == dataset.name for c in cells):
+            _prepare_once(dataset, experiment.out, log)
+    for baseline in extra_baselines or []:
+        write_comparison(experiment, cells, baseline, log)
+    markdown, results = build_tables(experiment, cells)
+    if len(cells) < len(grid):
+        markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
+                    "`ranmt experiment` to complete the grid.\n\n" + markdown)
+    results.update({"commit": _git_commit(), "experiment_file": str(experiment.path),
+                    "experiment_config": yaml.safe_load(experiment.path.read_text()),
+                    "complete": len(cells) == len(grid), "cells": cells})
+    root = experiment.out
+    for dataset in experiment.datasets:
+        figure = root / f"validation_{dataset.name}.png"
+        if plot_validation_curves(experiment, [c for c in cells if c["dataset"] == dataset.name],
+                                  figure):
+            markdown += (f"\nValidation curves of {dataset.name}: "
+                         f"[{figure.name}]({figure.name})\n")
+    _write_markdown_and_json(root / "results.md", markdown, results)
+    log(f"wrote {root / 'results.md'} and {root / 'results.json'} "
+        f"({len(cells)}/{len(grid)} cells)")
+    return results

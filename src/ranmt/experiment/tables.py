@@ -1,0 +1,231 @@
+"""The result tables of a grid: per test set the RAN paper's Table 1 layout (mean +- std
+over seeds, difference to the baseline, the seed rule's marks, :func:`compare_over_seeds`)
+and the training table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ranmt.data.corpus import raw_text
+from ranmt.evaluate import TASK_METRICS, paired_bootstrap
+from ranmt.experiment.spec import Dataset, Experiment, _cell_dir
+
+ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
+             "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
+
+
+LOWER_IS_BETTER = {"ter"}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1) over seeds; std None for one seed."""
+    if len(values) == 1:
+        return values[0], None
+    return statistics.mean(values), statistics.stdev(values)
+
+
+def _format(mean: float, std: float | None) -> str:
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+def welch_p_value(first: list[float], second: list[float]) -> float | None:
+    """Two-sided p of Welch's t-test between two sets of seed scores (None if undefined)."""
+    if len(first) < 2 or len(second) < 2:
+        return None
+    if statistics.stdev(first) == 0 and statistics.stdev(second) == 0:
+        return 1.0 if statistics.mean(first) == statistics.mean(second) else 0.0
+    from scipy.stats import ttest_ind
+
+    return float(ttest_ind(first, second, equal_var=False).pvalue)
+
+
+def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
+                       bootstrap_p: dict[int, float], alpha: float) -> dict:
+    """The significance rule of the results tables, for one metric of one variant.
+
+    ``baseline`` / ``variant``: seed -> score; ``bootstrap_p``: seed -> p-value of the paired
+    bootstrap between the variant's and the baseline's outputs of that seed.
+
+    * ``dagger`` (†): every seed the two share is significant (p < alpha) **and** every
+      per-seed difference has the same sign: the gain (or loss) holds in every run.
+    * ``double_dagger`` (‡): Welch's two-sided t-test over the seed scores (at least two
+      seeds on each side) gives p < alpha: the difference of the seed means is larger than
+      the spread between seeds.
+    """
+    shared = sorted(set(baseline) & set(variant) & set(bootstrap_p))
+    deltas = [variant[s] - baseline[s] for s in shared]
+    signs = {(d > 0) - (d < 0) for d in deltas}
+    dagger = bool(shared) and all(bootstrap_p[s] < alpha for s in shared) \
+        and len(signs) == 1 and 0 not in signs
+    welch = welch_p_value(list(variant.values()), list(baseline.values()))
+    return {"delta": statistics.mean(variant.values()) - statistics.mean(baseline.values()),
+            "seeds": shared, "per_seed_delta": deltas,
+            "per_seed_p": [bootstrap_p[s] for s in shared], "welch_p": welch,
+            "dagger": dagger, "double_dagger": welch is not None and welch < alpha}
+
+
+def significance_marks(comparison: dict) -> str:
+    return ("†" if comparison["dagger"] else "") + ("‡" if comparison["double_dagger"] else "")
+
+
+def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
+    """A cell's hypotheses for ``test``, from its cell directory (so that a results folder
+    that was moved or checked out elsewhere still works), else the recorded path."""
+    path = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"]) / f"{test}.hyp"
+    if not path.is_file():
+        path = Path(cell["tests"][test]["hyp_file"])
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def _metrics_in_order(task: str) -> list[str]:
+    """The metrics in the RAN paper's row order (BLEU, SacreBLEU, chrF, TER), then the rest."""
+    return sorted(TASK_METRICS[task],
+                  key=lambda m: list(ROW_NAMES).index(m) if m in ROW_NAMES else 99)
+
+
+def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
+                        base_cells: dict[int, dict], cells: list[dict], name: str,
+                        metrics: list[str]) -> dict[str, dict[int, float]]:
+    """metric -> seed -> paired-bootstrap p of variant ``name`` against the same seed's baseline."""
+    sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
+    pvalues: dict[str, dict[int, float]] = {m: {} for m in sig_metrics}
+    if not sig_metrics:
+        return pvalues
+    for cell in cells:
+        base = base_cells.get(cell["seed"])
+        if base is None:
+            continue
+        result = paired_bootstrap([(experiment.baseline, _read_hyps(experiment, base, test)),
+                                   (name, _read_hyps(experiment, cell, test))], refs,
+                                  sig_metrics, experiment.bootstrap_samples)
+        for metric in sig_metrics:
+            pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+    return pvalues
+
+
+def _test_table(experiment: Experiment, dataset: Dataset, test: str,
+                by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
+    """One test set's table (metric rows, variant columns) and its numbers."""
+    metrics = _metrics_in_order(dataset.task)
+    present = [n for n, cells in by_variant.items() if cells]
+    scores = {name: {metric: {c["seed"]: c["tests"][test][metric] for c in by_variant[name]}
+                     for metric in metrics} for name in present}
+    refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
+    base_cells = {c["seed"]: c for c in by_variant.get(experiment.baseline, [])}
+    comparisons: dict = {}
+    for name in present:
+        if name == experiment.baseline or not base_cells:
+            continue
+        pvalues = _bootstrap_p_values(experiment, test, refs, base_cells, by_variant[name],
+                                      name, metrics)
+        comparisons[name] = {
+            metric: compare_over_seeds(scores[experiment.baseline][metric],
+                                       scores[name][metric], pvalues[metric], experiment.alpha)
+            for metric in pvalues}
+    lines = [f"## {dataset.name} — {test}", "",
+             "| metric | " + " | ".join(present) + " |", "|---|" + "---|" * len(present)]
+    for metric in metrics:
+        row = []
+        for name in present:
+            text = _format(*_mean_std(list(scores[name][metric].values())))
+            comparison = comparisons.get(name, {}).get(metric)
+            if name != experiment.baseline and experiment.baseline in scores:
+                base_mean = statistics.mean(scores[experiment.baseline][metric].values())
+                delta = statistics.mean(scores[name][metric].values()) - base_mean
+                text += f" ({delta:+.2f})"
+                if comparison is not None and significance_marks(comparison):
+                    text += " " + significance_marks(comparison)
+            row.append(text)
+        lines.append(f"| {ROW_NAMES.get(metric, metric)} | " + " | ".join(row) + " |")
+    lines.append("")
+    numbers = {"scores": {n: {m: {"mean": _mean_std(list(v.values()))[0],
+                                  "std": _mean_std(list(v.values()))[1],
+                                  "per_seed": {str(k): x for k, x in v.items()}}
+                              for m, v in t.items()} for n, t in scores.items()},
+               "significance": comparisons}
+    return lines, numbers
+
+
+def _steps_text(cells: list[dict]) -> tuple[str, str]:
+    """'steps' and 'best step' columns: per seed, '*' where the best checkpoint is the last."""
+    steps = [c["train"]["steps"] for c in cells]
+    steps_text = f"{steps[0]:,}" if len(set(steps)) == 1 else " / ".join(f"{x:,}" for x in steps)
+    best = []
+    for cell in cells:
+        best_step = cell["train"].get("best_step")
+        still_improving = best_step is not None and best_step == cell["train"]["steps"]
+        best.append(f"{best_step:,}" + ("*" if still_improving else "")
+                    if best_step is not None else "-")
+    return steps_text, " / ".join(best)
+
+
+def _training_table(experiment: Experiment, dataset: Dataset,
+                    by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
+    """Per variant: seeds, optimizer steps, best step (still improving?), cost, speed."""
+    lines = [f"## {dataset.name} — training and cost per variant", "",
+             "| variant | seeds | steps | best step | best valid BLEU | parameters | "
+             "training time (min) | train tgt tok/s | decode sent/s | decode tgt tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    numbers = {}
+    first_test = next(iter(dataset.tests), None)
+    for name, runs in by_variant.items():
+        if not runs:
+            continue
+        steps_text, best_text = _steps_text(runs)
+        best_bleu = [c["train"]["best_valid_bleu"] for c in runs
+                     if c["train"].get("best_valid_bleu") is not None]
+        train_min = _mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
+        train_tok = _mean_std([c["train"]["train_tokens_per_s"] for c in runs])
+        sent = _mean_std([c["tests"][first_test]["sentences_per_s"] for c in runs]) \
+            if first_test else (0.0, None)
+        tok = _mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in runs]) \
+            if first_test else (0.0, None)
+        bleu_text = _format(*_mean_std(best_bleu)) if best_bleu else "-"
+        lines.append(f"| {name} | {len(runs)} | {steps_text} | {best_text} | {bleu_text} | "
+                     f"{runs[0]['parameters']:,} | {_format(*train_min)} | "
+                     f"{_format(*train_tok)} | {_format(*sent)} | {_format(*tok)} |")
+        numbers[name] = {
+            "parameters": runs[0]["parameters"], "seeds": [c["seed"] for c in runs],
+            "steps": [c["train"]["steps"] for c in runs],
+            "best_step": [c["train"].get("best_step") for c in runs],
+            "still_improving": [c["train"].get("best_step") == c["train"]["steps"]
+                                for c in runs],
+            "stop_reason": [c["train"].get("stop_reason") for c in runs],
+            "training_minutes": train_min, "train_tokens_per_s": train_tok,
+            "decode_sentences_per_s": sent, "decode_tokens_per_s": tok}
+    return lines, numbers
+
+
+def _legend(alpha: float) -> list[str]:
+    return ["", "Scores: mean ± sample std over seeds (one seed: the score alone); (±x) is "
+            "the difference of the means to the baseline. BLEU: tokenized (sacremoses) as "
+            "multi-bleu.perl; SacreBLEU: detokenized, 13a.",
+            f"† every seed's paired bootstrap against the baseline's run with the same seed "
+            f"has p < {alpha} and all seeds differ in the same direction; ‡ Welch's t-test "
+            f"over the seed scores has p < {alpha} (needs two or more seeds per side).",
+            "steps: optimizer steps each cell ran (one number when all seeds ran the same); "
+            "best step: the step of the checkpoint that was evaluated, per seed, * where it "
+            "is the last validated one (still improving when training stopped). Decoding "
+            "speed on the first test set.", ""]
+
+
+def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
+    """results.md text and the results dict (with significance against the baseline)."""
+    names = [v["name"] for v in experiment.variants]
+    lines = [f"# Results: {experiment.name}", ""]
+    results: dict = {"experiment": experiment.name, "alpha": experiment.alpha, "datasets": {}}
+    for dataset in experiment.datasets:
+        by_variant = {name: [c for c in cells if c["dataset"] == dataset.name
+                             and c["variant"] == name] for name in names}
+        dataset_result: dict = {"tests": {}, "variants": {}}
+        for test in dataset.tests:
+            test_lines, dataset_result["tests"][test] = _test_table(experiment, dataset, test,
+                                                                    by_variant)
+            lines += test_lines
+        training_lines, dataset_result["variants"] = _training_table(experiment, dataset,
+                                                                     by_variant)
+        lines += training_lines + _legend(experiment.alpha)
+        results["datasets"][dataset.name] = dataset_result
+    return "\n".join(lines), results

@@ -193,7 +193,10 @@ def _print_scores(result: dict, metrics: list[str], prefix: str = "") -> None:
 
 def _cmd_score(args) -> None:
     from ranmt.data.text import read_lines
-    from ranmt.evaluate import bleu_by_length, paired_bootstrap, score
+    from ranmt.evaluate import bleu_by_length, paired_bootstrap, score, single_run_mark
+
+    if not 0 < args.alpha < 1:
+        raise ValueError(f"--alpha must be in (0, 1), not {args.alpha}")
 
     refs = read_lines(args.ref)
     hyps = [(path, read_lines(path)) for path in args.hyp]
@@ -225,13 +228,12 @@ def _cmd_score(args) -> None:
     for row, entry in enumerate(result["systems"]):
         cells = []
         for metric in metrics:
-            mark = ""
-            if row > 0 and entry[f"{metric}_p"] is not None and entry[f"{metric}_p"] < 0.01:
-                mark = "†"
+            mark = single_run_mark(entry[f"{metric}_p"], args.alpha) if row > 0 else ""
             cells.append(f"{entry[metric]:.2f}{mark}"
                          + (f" (p={entry[f'{metric}_p']:.4f})" if row > 0 else ""))
         print(f"{entry['name']}{' (baseline)' if row == 0 else ''}\t" + "\t".join(cells))
-    print("† p < 0.01, paired bootstrap resampling against the baseline")
+    print(f"† p < {args.alpha:g}, paired bootstrap resampling against the baseline (the "
+          "grids mark seeds with the same alpha: ranmt.evaluate)")
 
 
 def _cmd_evaluate(args) -> None:
@@ -512,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lower edges of the length bins in words (default: seven bins)")
     p.add_argument("--lang", default="", help="target language (Moses tokenization)")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="significance level of the † mark (default 0.05, as the grids')")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_score)
 

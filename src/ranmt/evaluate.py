@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
@@ -187,3 +188,62 @@ def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],
                     entry[f"{metric}_p"] = 1.0
         out["systems"].append(entry)
     return out
+
+
+# ------------------------------------------------------------------------------ significance
+#
+# One rule for every table ranmt writes, at one level unless asked (``--alpha``):
+#
+# * one run against another (``ranmt score`` with several --hyp): † when sacreBLEU's paired
+#   bootstrap gives p < alpha (:func:`single_run_mark`);
+# * several seeds against several seeds (the grids' tables, :func:`compare_over_seeds`):
+#   † when every seed's paired bootstrap gives p < alpha and all seeds differ in the same
+#   direction, ‡ when Welch's t-test over the seed scores gives p < alpha.
+
+DEFAULT_ALPHA = 0.05
+"""The significance level of every mark unless asked otherwise."""
+
+
+def single_run_mark(p_value: float | None, alpha: float = DEFAULT_ALPHA) -> str:
+    """† for one system against the baseline when the paired bootstrap's p < ``alpha``."""
+    return "†" if p_value is not None and p_value < alpha else ""
+
+
+def welch_p_value(first: list[float], second: list[float]) -> float | None:
+    """Two-sided p of Welch's t-test between two sets of seed scores (None if undefined)."""
+    if len(first) < 2 or len(second) < 2:
+        return None
+    if statistics.stdev(first) == 0 and statistics.stdev(second) == 0:
+        return 1.0 if statistics.mean(first) == statistics.mean(second) else 0.0
+    from scipy.stats import ttest_ind
+
+    return float(ttest_ind(first, second, equal_var=False).pvalue)
+
+
+def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
+                       bootstrap_p: dict[int, float], alpha: float) -> dict:
+    """The significance rule of the results tables, for one metric of one variant.
+
+    ``baseline`` / ``variant``: seed -> score; ``bootstrap_p``: seed -> p-value of the paired
+    bootstrap between the variant's and the baseline's outputs of that seed.
+
+    * ``dagger`` (†): every seed the two share is significant (p < alpha) **and** every
+      per-seed difference has the same sign: the gain (or loss) holds in every run.
+    * ``double_dagger`` (‡): Welch's two-sided t-test over the seed scores (at least two
+      seeds on each side) gives p < alpha: the difference of the seed means is larger than
+      the spread between seeds.
+    """
+    shared = sorted(set(baseline) & set(variant) & set(bootstrap_p))
+    deltas = [variant[s] - baseline[s] for s in shared]
+    signs = {(d > 0) - (d < 0) for d in deltas}
+    dagger = bool(shared) and all(bootstrap_p[s] < alpha for s in shared) \
+        and len(signs) == 1 and 0 not in signs
+    welch = welch_p_value(list(variant.values()), list(baseline.values()))
+    return {"delta": statistics.mean(variant.values()) - statistics.mean(baseline.values()),
+            "seeds": shared, "per_seed_delta": deltas,
+            "per_seed_p": [bootstrap_p[s] for s in shared], "welch_p": welch,
+            "dagger": dagger, "double_dagger": welch is not None and welch < alpha}
+
+
+def significance_marks(comparison: dict) -> str:
+    return ("†" if comparison["dagger"] else "") + ("‡" if comparison["double_dagger"] else "")

@@ -590,19 +590,31 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
             "serving on %s without an API key: anyone who can reach this address can use "
             "the models and their compute (--api-key-file or $%s)", host, API_KEY_ENV)
 
-    class Server(uvicorn.Server):
-        """uvicorn re-raises a captured SIGTERM after its graceful shutdown (the process
-        then dies of the signal); a requested stop of a finished shutdown exits 0."""
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            captured = getattr(self, "_captured_signals", None)
-            if sig == signal.SIGTERM and captured and captured[-1] == sig:
-                captured.pop()
-
     translators = {name: Translator.load(path, device=device, quantize=quantize,
                                          precision=precision)
                    for name, path in model_names(checkpoints).items()}
     app = create_app(translators, limits, api_key)
-    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          timeout_graceful_shutdown=30)).run()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=30))
+    _run_until_signalled(server)
+
+
+def _run_until_signalled(server) -> None:
+    """Run a uvicorn server in a thread; SIGTERM / SIGINT in the main thread ask it to stop
+    (``should_exit``: stop accepting, finish the requests in flight), then return (exit 0).
+    uvicorn captures signals only in the main thread, so it neither sees nor re-raises them
+    here: no reliance on its internals."""
+    import threading
+
+    def stop(_signum, _frame) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=server.run, name="ranmt-serve")
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

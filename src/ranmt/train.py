@@ -131,8 +131,9 @@ class Logger:
 
 @torch.no_grad()
 def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Translator | None,
-             references: list[str]) -> dict:
-    """Validation loss/perplexity and (optionally) greedy BLEU."""
+             references: list[str], note=None) -> dict:
+    """Validation loss/perplexity and (optionally) greedy BLEU; ``note`` (a function of one
+    line, default stderr) gets what the caller should know (e.g. truncated pairs)."""
     model.eval()
     total_loss = total_nll = total_tokens = 0.0
     lengths = np.array([len(s) for s in valid.src]), np.array([len(t) for t in valid.tgt])
@@ -148,8 +149,9 @@ def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Tran
     limit = cfg.model.max_positions - 1
     truncated = sum(1 for s, t in zip(valid.src, valid.tgt) if len(s) > limit or len(t) > limit)
     if truncated:
-        tqdm.write(f"note: {truncated} validation pair(s) longer than {limit} subwords were "
-                   "truncated for the validation loss", file=sys.stderr)
+        message = (f"note: {truncated} validation pair(s) longer than {limit} subwords were "
+                   "truncated for the validation loss")
+        (note or (lambda line: tqdm.write(line, file=sys.stderr)))(message)
     result = {"valid_loss": total_loss / total_tokens,
               "valid_nll": total_nll / total_tokens,
               "valid_ppl": math.exp(min(total_nll / total_tokens, 50))}
@@ -196,6 +198,7 @@ class TrainingRun:
         self.seconds_to_first_step: float | None = None  # set-up + this process's 1st step
         self.cfg, self.t = cfg, cfg.train
         self.data_dir, self.run_dir = Path(data_dir), Path(run_dir)
+        self.notes: list[str] = []  # set-up notes, written to train.log once it is open
         self._setup_config_from_data()
         self._setup_device()
         self._setup_model_and_optimizer()
@@ -230,8 +233,8 @@ class TrainingRun:
         if self.resume_from is not None:
             model, saved_cfg, saved_meta, _ = load_checkpoint(self.resume_from, device)
             if to_dict(saved_cfg.model) != to_dict(cfg.model):
-                print(f"note: resuming {run_dir} with the model config stored in its "
-                      "checkpoint", file=sys.stderr)
+                self.notes.append(f"note: resuming {run_dir} with the model config stored in "
+                                  "its checkpoint")
                 cfg.model = from_dict({"model": to_dict(saved_cfg.model)}).model
             self.state.update(saved_meta["trainer"])
         else:
@@ -292,9 +295,9 @@ class TrainingRun:
         if too_long.any():
             # Data prepared with a larger --max-positions than the model's N: skip, say so.
             keep = np.flatnonzero(~too_long)
-            print(f"note: {int(too_long.sum())} training pair(s) longer than "
-                  f"model.max_positions-1 = {cfg.model.max_positions - 1} subwords are "
-                  "skipped", file=sys.stderr)
+            self.notes.append(f"note: {int(too_long.sum())} training pair(s) longer than "
+                              f"model.max_positions-1 = {cfg.model.max_positions - 1} "
+                              "subwords are skipped")
             train_split = EncodedSplit(SubsetSequences(train_split.src, keep),
                                        SubsetSequences(train_split.tgt, keep))
             src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
@@ -309,6 +312,8 @@ class TrainingRun:
     def _setup_logging(self) -> None:
         ctx, t = self.ctx, self.t
         self.log = Logger(self.run_dir, t.tensorboard) if ctx.is_main else NullLogger()
+        for note in self.notes:
+            self.log.line(note)
         self.params = count_parameters(self.model)
         self.log.line(
             f"ranmt train: {self.params['total']:,} parameters, device {self.device}, "
@@ -503,7 +508,8 @@ class TrainingRun:
             self.stop_reason = broadcast_object(None, ctx)
             return None
         result = validate(self.model, self.valid_split, self.cfg, self.device,
-                          self.autocast_dtype, self.translator, self.references)
+                          self.autocast_dtype, self.translator, self.references,
+                          note=self.log.line)
         metric = result.get("valid_bleu", -result["valid_loss"])
         best = state["best_bleu"]
         if best is None or metric > best:
@@ -557,7 +563,11 @@ class TrainingRun:
         state = self.state
         tok_s = self.total_tokens / max(self.total_train_time, 1e-9)
         summary = {"steps": self.step, "epochs_completed": self.epoch,
-                   "stop_reason": self.stop_reason, "best_valid_bleu": state["best_bleu"],
+                   "stop_reason": self.stop_reason,
+                   # the trainer state's best_bleu is -valid_loss when BLEU is not validated
+                   "best_valid_bleu": state["best_bleu"] if self.t.validate_bleu else None,
+                   "best_valid_loss": (-state["best_bleu"] if not self.t.validate_bleu
+                                       and state["best_bleu"] is not None else None),
                    "best_step": state["best_step"],
                    "still_improving": state["best_step"] == self.step,
                    "validations": state.get("validations", []),

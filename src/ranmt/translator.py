@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -284,19 +283,6 @@ class Translator:
         return self._pairs_in_batches(
             sources, targets,
             lambda src, tgt: score_targets(self.model, src, tgt, d.lenpen, d.lenpen_style))
-
-    def translate_stream(self, lines: Iterator[str], chunk: int = 1000) -> Iterator[str]:
-        """Translate an iterator of lines chunk by chunk, yielding outputs in order."""
-        buffer: list[str] = []
-        line_no = 1
-        for line in lines:
-            buffer.append(line.rstrip("\r\n"))
-            if len(buffer) >= chunk:
-                yield from self.translate(buffer, line_no)
-                line_no += len(buffer)
-                buffer = []
-        if buffer:
-            yield from self.translate(buffer, line_no)
 
 
 def _pad_prefixes(prefixes: list[list[int]]) -> torch.Tensor:

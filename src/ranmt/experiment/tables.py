@@ -9,7 +9,12 @@ import statistics
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.evaluate import TASK_METRICS, paired_bootstrap
+from ranmt.evaluate import (
+    TASK_METRICS,
+    compare_over_seeds,
+    paired_bootstrap,
+    significance_marks,
+)
 from ranmt.experiment.spec import Dataset, Experiment, _cell_dir
 
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
@@ -28,46 +33,6 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
 
 def _format(mean: float, std: float | None) -> str:
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
-
-
-def welch_p_value(first: list[float], second: list[float]) -> float | None:
-    """Two-sided p of Welch's t-test between two sets of seed scores (None if undefined)."""
-    if len(first) < 2 or len(second) < 2:
-        return None
-    if statistics.stdev(first) == 0 and statistics.stdev(second) == 0:
-        return 1.0 if statistics.mean(first) == statistics.mean(second) else 0.0
-    from scipy.stats import ttest_ind
-
-    return float(ttest_ind(first, second, equal_var=False).pvalue)
-
-
-def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
-                       bootstrap_p: dict[int, float], alpha: float) -> dict:
-    """The significance rule of the results tables, for one metric of one variant.
-
-    ``baseline`` / ``variant``: seed -> score; ``bootstrap_p``: seed -> p-value of the paired
-    bootstrap between the variant's and the baseline's outputs of that seed.
-
-    * ``dagger`` (†): every seed the two share is significant (p < alpha) **and** every
-      per-seed difference has the same sign: the gain (or loss) holds in every run.
-    * ``double_dagger`` (‡): Welch's two-sided t-test over the seed scores (at least two
-      seeds on each side) gives p < alpha: the difference of the seed means is larger than
-      the spread between seeds.
-    """
-    shared = sorted(set(baseline) & set(variant) & set(bootstrap_p))
-    deltas = [variant[s] - baseline[s] for s in shared]
-    signs = {(d > 0) - (d < 0) for d in deltas}
-    dagger = bool(shared) and all(bootstrap_p[s] < alpha for s in shared) \
-        and len(signs) == 1 and 0 not in signs
-    welch = welch_p_value(list(variant.values()), list(baseline.values()))
-    return {"delta": statistics.mean(variant.values()) - statistics.mean(baseline.values()),
-            "seeds": shared, "per_seed_delta": deltas,
-            "per_seed_p": [bootstrap_p[s] for s in shared], "welch_p": welch,
-            "dagger": dagger, "double_dagger": welch is not None and welch < alpha}
-
-
-def significance_marks(comparison: dict) -> str:
-    return ("†" if comparison["dagger"] else "") + ("‡" if comparison["double_dagger"] else "")
 
 
 def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:

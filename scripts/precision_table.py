@@ -1,0 +1,75 @@
+"""bf16 against fp32 at equal steps: the same variants and seeds of two grids, side by side.
+
+Reads the finished cells (``runs/DATASET/VARIANT/seedN/cell.json``) of an fp32 grid and a
+bf16 grid and prints, per variant, test set and metric, each grid's mean +- sample std over
+the seeds both grids have, the difference of the means, and whether the bf16 mean lies
+within the fp32 seeds' range (min..max) — the check the bf16 issue asks for before anything
+is trained in bf16 — and each bf16 cell's precision as its summary recorded it. (Training
+speeds are not compared here: the grids ran at different times; see
+benchmarks/profile_train.py for side-by-side ratios.)
+
+    python scripts/precision_table.py docs/results/multi30k_en_de_1k \\
+        docs/results/multi30k_en_de_1k_bf16 --variants TransF RAN-ALL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+METRICS = (("bleu", "SacreBLEU"), ("tok_bleu", "BLEU"), ("chrf", "chrF"), ("ter", "TER"))
+
+
+def cells(grid: Path, variant: str) -> dict[int, dict]:
+    found = {}
+    for path in sorted(grid.glob(f"runs/*/{variant}/seed*/cell.json")):
+        cell = json.loads(path.read_text(encoding="utf-8"))
+        found[int(cell["seed"])] = cell
+    return found
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) > 1:
+        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    return f"{values[0]:.2f}" if values else "-"
+
+
+def precision_of(cell: dict) -> str:
+    return cell.get("train", {}).get("precision") or "fp32 (before it was recorded)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("fp32_grid", type=Path)
+    p.add_argument("bf16_grid", type=Path)
+    p.add_argument("--variants", nargs="+", required=True)
+    args = p.parse_args(argv)
+    rows = []
+    for variant in args.variants:
+        full, half = cells(args.fp32_grid, variant), cells(args.bf16_grid, variant)
+        seeds = sorted(set(full) & set(half))
+        if not seeds:
+            print(f"{variant}: no seed finished in both grids")
+            continue
+        precisions = sorted({precision_of(half[s]) for s in seeds})
+        print(f"{variant}: seeds {seeds}; bf16 grid cells: {', '.join(precisions)}")
+        for test in full[seeds[0]]["tests"]:
+            for key, label in METRICS:
+                if key not in full[seeds[0]]["tests"][test]:
+                    continue
+                a = [full[s]["tests"][test][key] for s in seeds]
+                b = [half[s]["tests"][test][key] for s in seeds]
+                inside = min(a) <= statistics.mean(b) <= max(a)
+                rows.append(f"| {variant} | {test} | {label} | {mean_std(a)} | {mean_std(b)} | "
+                            f"{statistics.mean(b) - statistics.mean(a):+.2f} | "
+                            f"{'yes' if inside else 'no'} |")
+    print("| variant | test set | metric | fp32 (mean ± std) | bf16 (mean ± std) | bf16 - fp32 "
+          "| bf16 mean within the fp32 seeds' range |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -24,12 +24,28 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from ranmt.attention.ran import INITS as RAN_INITS
-from ranmt.attention.ran import TRANSITIONS as RAN_TRANSITIONS
+# The choices of the enumerated fields, written once: the field types below are these
+# Literals, checked by one rule when a value is set and again by validate() (the closest
+# choice is suggested), and modules that act on a choice read their names from here.
+Norm = Literal["pre", "post"]
+Positions = Literal["sinusoidal", "learned", "none"]
+PositionsOverride = Literal["", "sinusoidal", "learned", "none"]  # "": the model's choice
+Activation = Literal["relu", "gelu"]
+CrossAttentionLayers = Literal["all", "last"]
+HardcodedImplementation = Literal["gaussian", "conv", "index"]
+ExpandKVVariant = Literal[1, 2, 3, 4]
+RanTransition = Literal["paper", "no_ln_res", "released_code", "released_tanh",
+                        "released_relu", "released_ln_ffn"]
+RanInit = Literal["xavier_whole", "xavier_per_head"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+LengthPenaltyStyle = Literal["gnmt", "fairseq"]
+Sampling = Literal["none", "topk", "topp", "eps"]
+RAN_TRANSITIONS: tuple[str, ...] = typing.get_args(RanTransition)
+RAN_INITS: tuple[str, ...] = typing.get_args(RanInit)
 
 
 class ConfigError(ValueError):
@@ -46,7 +62,7 @@ class EncoderConfig:
     self_attention: str = "dot"
     """Registry name of the encoder self-attention (see ``ranmt.attention``; "none" removes
     the sublayer, the -SA ablation)."""
-    positions: str = ""
+    positions: PositionsOverride = ""
     """Position embedding of the encoder: sinusoidal | learned | none; empty = model.positions."""
 
 
@@ -58,11 +74,11 @@ class DecoderConfig:
     """Registry name of the decoder self-attention."""
     cross_attention: str = "dot"
     """Registry name of the encoder-decoder (cross) attention ("none" removes it)."""
-    cross_attention_layers: str = "all"
+    cross_attention_layers: CrossAttentionLayers = "all"
     """Decoder layers with cross-attention: all | last (SH-X)."""
     cross_attention_heads: int = 0
     """Heads of the cross-attention (0 = model.heads; SH-X uses 1)."""
-    positions: str = ""
+    positions: PositionsOverride = ""
     """Position embedding of the decoder: sinusoidal | learned | none; empty = model.positions."""
 
 
@@ -70,11 +86,11 @@ class DecoderConfig:
 class RANConfig:
     """Recurrent Attention options (paper 000; see ranmt/attention/ran.py)."""
 
-    transition: str = "paper"
+    transition: RanTransition = "paper"
     """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | the released
     code's released_code (rec_func 0) | released_tanh (1) | released_relu (2) |
     released_ln_ffn (3); formulas in ranmt/attention/ran.py."""
-    init: str = "xavier_whole"
+    init: RanInit = "xavier_whole"
     """Initialisation of A_0: xavier_whole (one xavier-uniform over the (H, N, N) tensor, as
     the authors' code) | xavier_per_head (each (N, N) head separately, 11x larger bound at
     N = 256, H = 8)."""
@@ -102,7 +118,7 @@ class HardcodedConfig:
 
     sigma: float = 1.0
     """Standard deviation of the Gaussians."""
-    implementation: str = "gaussian"
+    implementation: HardcodedImplementation = "gaussian"
     """gaussian (cut-off pdf) | conv (window 3, kernel [0.242, 0.399, 0.242]) | index."""
     gamma: float = 0.0
     """Source/target length ratio for hard-coded cross-attention (0 = take it from the data)."""
@@ -112,7 +128,7 @@ class HardcodedConfig:
 class RecurrentCrossConfig:
     """Recurrent cross-attention options (paper 001, Eq. 2-10)."""
 
-    expand_kv_variant: int = 1
+    expand_kv_variant: ExpandKVVariant = 1
     """expand-kv: which extra key/value pair, Eq. 5 (1), 6 (2), 7 (3) or 8 (4)."""
     smooth_window: int = 5
     """smooth-energy (Eq. 9): window half-width k."""
@@ -150,9 +166,9 @@ class ModelConfig:
     attention_dropout 0.2 and cross_attention_dropout 0.0."""
     activation_dropout: float = 0.0
     """Dropout after the feed-forward activation."""
-    norm: str = "pre"
+    norm: Norm = "pre"
     """Layer-norm placement: pre | post."""
-    positions: str = "sinusoidal"
+    positions: Positions = "sinusoidal"
     """Default position embedding: sinusoidal | learned | none."""
     max_positions: int = 256
     """N: the longest sequence (in subwords, with EOS) the model handles."""
@@ -162,7 +178,7 @@ class ModelConfig:
     """Tie the decoder output projection to the target embedding."""
     ffn: bool = True
     """Feed-forward sublayers (false = the -FF ablation of paper 004)."""
-    activation: str = "relu"
+    activation: Activation = "relu"
     """Feed-forward activation: relu | gelu."""
     src_vocab_size: int = 0
     """Source vocabulary size (filled in from the prepared data at training time)."""
@@ -223,7 +239,7 @@ class TrainConfig:
     """Number of most recent checkpoints kept besides the best."""
     patience: int = 0
     """Early stopping: validations without improvement before stopping (0 = off)."""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """fp32 | bf16 | fp16 | auto (bf16 on CUDA when supported, else fp32)."""
     device: str = "auto"
     """cpu | cuda | cuda:N | auto."""
@@ -245,7 +261,7 @@ class DecodeConfig:
     """Beam size (1 = greedy)."""
     lenpen: float = 0.6
     """Length penalty exponent alpha."""
-    lenpen_style: str = "gnmt"
+    lenpen_style: LengthPenaltyStyle = "gnmt"
     """gnmt: ((5+|Y|)/6)^alpha | fairseq: |Y|^alpha."""
     max_len_a: float = 1.2
     """Output length limit a in a*|src| + b."""
@@ -257,7 +273,7 @@ class DecodeConfig:
     """Hypotheses returned per input."""
     truncate_long: bool = False
     """Truncate inputs longer than model.max_positions (with a warning) instead of failing."""
-    sampling: str = "none"
+    sampling: Sampling = "none"
     """none (search) | topk | topp | eps: draw nbest samples per input instead (ranmt.sampling)."""
     topk: int = 0
     """sampling=topk: the k most probable tokens are kept (0 = all: plain sampling)."""
@@ -386,6 +402,8 @@ def _field_type(obj: Any, name: str) -> Any:
 def _convert(value: Any, typ: Any, key: str) -> Any:
     """Convert ``value`` (a YAML scalar or a command-line string) to ``typ``."""
     origin = typing.get_origin(typ)
+    if origin is Literal:
+        return _choice(value, typing.get_args(typ), key)
     try:
         if typ is bool:
             if isinstance(value, bool):
@@ -427,6 +445,36 @@ def _convert(value: Any, typ: Any, key: str) -> Any:
     raise ConfigError(f"config key '{key}': cannot use {value!r} as {type_name}")
 
 
+def _choice(value: Any, allowed: tuple, key: str) -> Any:
+    """``value`` as one of a Literal field's ``allowed`` choices (converted to their type:
+    "2" -> 2 for integer choices), or a ConfigError that lists them and suggests the
+    closest."""
+    kind = type(allowed[0])
+    try:
+        converted = kind(value.strip()) if isinstance(value, str) else value
+    except ValueError:
+        converted = value
+    if isinstance(converted, bool) or converted not in allowed:
+        shown = ", ".join(repr(a) if a == "" else str(a) for a in allowed)
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1,
+                                          cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"{key} '{value}' unknown; choose from {shown}{hint}")
+    return converted
+
+
+def check_choices(cfg: Any, prefix: str = "") -> None:
+    """Every Literal-typed field of the tree holds one of its choices (values set directly
+    on the dataclasses bypass :func:`set_value`)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_choices(value, f"{prefix}{f.name}.")
+        elif typing.get_origin(hints[f.name]) is Literal:
+            _choice(value, typing.get_args(hints[f.name]), f"{prefix}{f.name}")
+
+
 def set_value(cfg: Config, key: str, value: Any) -> None:
     """Set dotted ``key`` to ``value`` converted to the field's type."""
     parts = key.split(".")
@@ -465,30 +513,16 @@ def validate(cfg: Config) -> None:
     if m.preset not in MODEL_PRESETS:
         raise ConfigError(f"model.preset '{m.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
     apply_arch(ModelConfig(), m.arch)  # raises on an unknown name
-    if m.decoder.cross_attention_layers not in ("all", "last"):
-        raise ConfigError("model.decoder.cross_attention_layers must be all or last")
+    check_choices(cfg)
     rc = m.recurrent_cross
-    if rc.expand_kv_variant not in (1, 2, 3, 4):
-        raise ConfigError("model.recurrent_cross.expand_kv_variant must be 1, 2, 3 or 4")
     if rc.smooth_window < 0 or not 0.0 <= rc.smooth_lambda <= 1.0:
         raise ConfigError("model.recurrent_cross.smooth_window must be >= 0 and smooth_lambda "
                           "in [0, 1]")
-    if m.hardcoded.implementation not in ("gaussian", "conv", "index"):
-        raise ConfigError("model.hardcoded.implementation must be gaussian, conv or index")
     cross_heads = m.decoder.cross_attention_heads or m.heads
     if cross_heads < 0 or m.d_model % cross_heads:
         raise ConfigError("model.decoder.cross_attention_heads must divide model.d_model")
     if m.d_model <= 0 or m.heads <= 0 or m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be a positive multiple of model.heads")
-    if m.norm not in ("pre", "post"):
-        raise ConfigError(f"model.norm must be pre or post, not '{m.norm}'")
-    for key, value in (("model.positions", m.positions), ("model.encoder.positions",
-                       m.encoder.positions), ("model.decoder.positions", m.decoder.positions)):
-        if value not in ("sinusoidal", "learned", "none", "") or (key == "model.positions"
-                                                                  and not value):
-            raise ConfigError(f"{key} must be sinusoidal, learned or none, not '{value}'")
-    if m.activation not in ("relu", "gelu"):
-        raise ConfigError(f"model.activation must be relu or gelu, not '{m.activation}'")
     if m.max_positions < 2:
         raise ConfigError("model.max_positions must be at least 2")
     for key in ("dropout", "attention_dropout", "activation_dropout", "ran.attention_dropout",
@@ -496,12 +530,6 @@ def validate(cfg: Config) -> None:
         section, _, name = key.rpartition(".")
         if not 0.0 <= getattr(getattr(m, section) if section else m, name) < 1.0:
             raise ConfigError(f"model.{key} must be in [0, 1)")
-    if m.ran.transition not in RAN_TRANSITIONS:
-        raise ConfigError(f"model.ran.transition '{m.ran.transition}' unknown; choose from "
-                          + ", ".join(RAN_TRANSITIONS))
-    if m.ran.init not in RAN_INITS:
-        raise ConfigError(f"model.ran.init '{m.ran.init}' unknown; choose from "
-                          + ", ".join(RAN_INITS))
     if m.cross_attention_dropout >= 1.0:
         raise ConfigError("model.cross_attention_dropout must be < 1 (negative = "
                           "model.attention_dropout)")
@@ -510,9 +538,6 @@ def validate(cfg: Config) -> None:
     d = cfg.decode
     if d.beam < 1:
         raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
-    if d.sampling not in ("none", "topk", "topp", "eps"):
-        raise ConfigError(f"decode.sampling '{d.sampling}' unknown; choose from none, topk, "
-                          "topp, eps")
     if d.sampling == "none" and (d.nbest < 1 or d.nbest > d.beam):
         raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
     if d.nbest < 1:
@@ -526,11 +551,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
     if d.batch_size < 1:
         raise ConfigError("decode.batch_size must be >= 1")
-    if d.lenpen_style not in ("gnmt", "fairseq"):
-        raise ConfigError("decode.lenpen_style must be gnmt or fairseq")
     t = cfg.train
-    if t.precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise ConfigError("train.precision must be auto, fp32, bf16 or fp16")
     if t.accumulation < 1:
         raise ConfigError("train.accumulation must be >= 1")
     if not 0.0 <= t.label_smoothing < 1.0:

@@ -42,10 +42,10 @@ from ranmt.attention.learned_matrix import (
     causal_softmax,
     xavier_per_head_,
 )
+from ranmt.config import RAN_INITS, RAN_TRANSITIONS
 
-TRANSITIONS = ("paper", "no_ln_res", "released_code", "released_tanh", "released_relu",
-               "released_ln_ffn")
-INITS = ("xavier_whole", "xavier_per_head")
+TRANSITIONS = RAN_TRANSITIONS  # the choices, written once in ranmt.config
+INITS = RAN_INITS
 _FEED_FORWARD = ("released_code", "released_ln_ffn")
 
 

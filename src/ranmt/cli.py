@@ -349,12 +349,9 @@ def _cmd_info(args) -> None:
     else:
         cfg = load_config(args.config, args.overrides)
         if args.data:
-            from ranmt.data.corpus import load_meta
+            from ranmt.config import fill_config_from_data
 
-            meta = load_meta(args.data)
-            cfg.model.src_vocab_size, cfg.model.tgt_vocab_size = (meta["src_vocab_size"],
-                                                                  meta["tgt_vocab_size"])
-            cfg.model.joint_vocab = meta["joint_vocab"]
+            fill_config_from_data(cfg, args.data)  # as training does (gamma included)
         else:
             cfg.model.src_vocab_size = cfg.model.src_vocab_size or args.vocab_size
             cfg.model.tgt_vocab_size = cfg.model.tgt_vocab_size or args.vocab_size

@@ -645,3 +645,17 @@ def validate_presets(cfg: Config) -> None:
 def save_yaml(cfg: Config, path: str | Path) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(to_dict(cfg), handle, sort_keys=False)
+
+
+def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
+    """Set what the prepared data decides (its folder, vocabulary sizes, and HC-ALL's
+    gamma unless given) in ``cfg``, from ``data_dir/meta.json``."""
+    from ranmt.data.corpus import load_meta  # numpy and json only: no torch
+
+    meta = load_meta(data_dir)
+    cfg.data.dir = str(data_dir)
+    cfg.model.src_vocab_size = meta["src_vocab_size"]
+    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
+    cfg.model.joint_vocab = bool(meta["joint_vocab"])
+    if cfg.model.hardcoded.gamma <= 0:
+        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))

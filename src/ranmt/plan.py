@@ -56,9 +56,9 @@ def _cell_plan(experiment, dataset, variant: dict, seed: int, root: Path,
     """One cell's resolved config and model size (ConfigError names the cell);
     ``parameters`` given: the model of another seed of the variant (the seed changes no
     shape), not built again."""
+    from ranmt.config import fill_config_from_data
     from ranmt.experiment import _cell_config
     from ranmt.model import build_model, count_parameters
-    from ranmt.train import fill_config_from_data
 
     label = f"{dataset.name} / {variant['name']} / seed {seed}"
     try:

@@ -35,9 +35,16 @@ from ranmt.checkpoint import (
     save_checkpoint,
     step_checkpoints,
 )
-from ranmt.config import Config, from_dict, parse_duration, save_yaml, to_dict
+from ranmt.config import (
+    Config,
+    fill_config_from_data,
+    from_dict,
+    parse_duration,
+    save_yaml,
+    to_dict,
+)
 from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches, rank_plan
-from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_meta, load_split, raw_text
+from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_split, raw_text
 from ranmt.data.vocab import Vocab
 from ranmt.distributed import (
     all_reduce_sum,
@@ -169,18 +176,6 @@ def _latest_training_checkpoint(run_dir: Path) -> Path | None:
     steps = step_checkpoints(run_dir)
     return steps[-1] if steps else None
 
-
-
-def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
-    """Set what the prepared data decides (its folder, vocabulary sizes, and HC-ALL's
-    gamma unless given) in ``cfg``, from ``data_dir/meta.json``."""
-    meta = load_meta(data_dir)
-    cfg.data.dir = str(data_dir)
-    cfg.model.src_vocab_size = meta["src_vocab_size"]
-    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
-    cfg.model.joint_vocab = bool(meta["joint_vocab"])
-    if cfg.model.hardcoded.gamma <= 0:
-        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
 
 
 class TrainingRun:

@@ -14,11 +14,10 @@ from pathlib import Path
 import torch
 
 from ranmt.checkpoint import step_checkpoints
-from ranmt.config import to_dict
+from ranmt.config import fill_config_from_data, to_dict
 from ranmt.experiment.cells import _cell_config
 from ranmt.experiment.spec import Dataset, Experiment, _source_run_dir
 from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
-from ranmt.train import fill_config_from_data
 
 # Prepared-data files that decide what a cell learns from (the tokenizers and the token
 # ids of the training and validation text); a reused cell must have been trained on

@@ -535,22 +535,7 @@ def validate(cfg: Config) -> None:
                           "model.attention_dropout)")
     if m.encoder.layers < 1 or m.decoder.layers < 1:
         raise ConfigError("model.encoder.layers and model.decoder.layers must be >= 1")
-    d = cfg.decode
-    if d.beam < 1:
-        raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
-    if d.sampling == "none" and (d.nbest < 1 or d.nbest > d.beam):
-        raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
-    if d.nbest < 1:
-        raise ConfigError("decode.nbest (samples per input when sampling) must be >= 1")
-    if d.topk < 0 or not 0.0 < d.topp <= 1.0 or not 0.0 <= d.epsilon < 1.0:
-        raise ConfigError("decode.topk must be >= 0, decode.topp in (0, 1], decode.epsilon "
-                          "in [0, 1)")
-    if not d.temperature > 0.0:
-        raise ConfigError("decode.temperature must be > 0")
-    if d.max_len_a < 0 or d.max_len_b < 0:
-        raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
-    if d.batch_size < 1:
-        raise ConfigError("decode.batch_size must be >= 1")
+    validate_decode(cfg.decode)
     t = cfg.train
     if t.accumulation < 1:
         raise ConfigError("train.accumulation must be >= 1")
@@ -659,3 +644,41 @@ def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
     cfg.model.joint_vocab = bool(meta["joint_vocab"])
     if cfg.model.hardcoded.gamma <= 0:
         cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
+
+
+def validate_decode(d: DecodeConfig) -> None:
+    """Check the decoding settings (ranges the field types do not constrain)."""
+    check_choices(d, "decode.")
+    if d.beam < 1:
+        raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
+    if d.sampling == "none" and (d.nbest < 1 or d.nbest > d.beam):
+        raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
+    if d.nbest < 1:
+        raise ConfigError("decode.nbest (samples per input when sampling) must be >= 1")
+    if d.topk < 0 or not 0.0 < d.topp <= 1.0 or not 0.0 <= d.epsilon < 1.0:
+        raise ConfigError("decode.topk must be >= 0, decode.topp in (0, 1], decode.epsilon "
+                          "in [0, 1)")
+    if not d.temperature > 0.0:
+        raise ConfigError("decode.temperature must be > 0")
+    if d.max_len_a < 0 or d.max_len_b < 0:
+        raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
+    if d.batch_size < 1:
+        raise ConfigError("decode.batch_size must be >= 1")
+
+
+def decode_with(decode: DecodeConfig, **overrides) -> DecodeConfig:
+    """A copy of ``decode`` with ``overrides`` (None values skipped) converted to the fields'
+    types and validated: the one way decoding options are applied (Translator, the grids,
+    validation during training)."""
+    out = dataclasses.replace(decode)
+    hints = typing.get_type_hints(DecodeConfig)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in hints:
+            close = difflib.get_close_matches(key, list(hints), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown decoding option '{key}'{hint}")
+        setattr(out, key, _convert(value, hints[key], f"decode.{key}"))
+    validate_decode(out)
+    return out

@@ -37,6 +37,7 @@ from ranmt.checkpoint import (
 )
 from ranmt.config import (
     Config,
+    decode_with,
     fill_config_from_data,
     from_dict,
     parse_duration,
@@ -301,8 +302,8 @@ class TrainingRun:
         if cfg.train.validate_bleu:
             self.translator = Translator(self.model, cfg, Vocab(self.vocab_files["src"]),
                                          Vocab(self.vocab_files["tgt"]), self.device)
-            self.translator.decode_config = type(cfg.decode)(
-                **{**to_dict(cfg.decode), "beam": 1, "nbest": 1, "truncate_long": True})
+            self.translator.decode_config = decode_with(cfg.decode, beam=1, nbest=1,
+                                                        truncate_long=True, sampling="none")
 
     def _setup_logging(self) -> None:
         ctx, t = self.ctx, self.t

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ranmt.checkpoint import load_checkpoint
-from ranmt.config import DecodeConfig
+from ranmt.config import DecodeConfig, decode_with
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
 from ranmt.decode import search
@@ -102,12 +102,7 @@ class Translator:
             _check_same_vocabularies([item[3] for item in loaded])
             model = Ensemble(models)
             config = dataclasses.replace(config, model=model.config)
-        for key, value in decode_overrides.items():
-            if value is None:
-                continue
-            if not hasattr(config.decode, key):
-                raise ValueError(f"unknown decoding option '{key}'")
-            setattr(config.decode, key, value)
+        config.decode = decode_with(config.decode, **decode_overrides)
         return cls(model, config, Vocab(directory / "spm.src.model"),
                    Vocab(directory / "spm.tgt.model"), device_, directory)
 
@@ -142,7 +137,7 @@ class Translator:
         ids = self.check_lengths(ids, first_line)
         if prefixes is not None and len(prefixes) != len(ids):
             raise ValueError(f"{len(ids)} inputs but {len(prefixes)} prefixes")
-        d = dataclasses.replace(self.decode_config, **decode_overrides)
+        d = decode_with(self.decode_config, **decode_overrides)
         results: list = [None] * len(ids)
         nonempty = [i for i, seq in enumerate(ids) if len(seq) > 0]
         for i, seq in enumerate(ids):

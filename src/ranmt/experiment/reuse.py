@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ranmt.checkpoint import step_checkpoints
-from ranmt.config import fill_config_from_data, to_dict
+from ranmt.config import decode_with, fill_config_from_data, to_dict
 from ranmt.experiment.cells import _cell_config
 from ranmt.experiment.spec import Dataset, Experiment, _source_run_dir
 from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
@@ -70,9 +70,7 @@ def expected_cell_config(experiment: Experiment, variant: dict, seed: int,
     the grid's decoding options."""
     cfg = _cell_config(experiment, variant, seed)
     fill_config_from_data(cfg, data_dir)
-    for key, value in experiment.decode.items():
-        if value is not None and hasattr(cfg.decode, key):
-            setattr(cfg.decode, key, value)
+    cfg.decode = decode_with(cfg.decode, **experiment.decode)
     try:
         precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))[0]
     except PrecisionError:

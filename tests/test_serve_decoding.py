@@ -124,7 +124,7 @@ def test_a_small_request_is_not_held_behind_a_burst():
 
     async def scenario():
         batcher, calls = _recording_batcher(max_batch_tokens=8)
-        work = Work("translate", beam=1)
+        work = Work.translate(beam=1)
         burst = [batcher.submit([[100 * r + i] for i in range(10)], work, 60)
                  for r in range(8)]
         small = batcher.submit([[999]], work, 60)
@@ -147,8 +147,8 @@ def test_a_small_request_is_not_held_behind_a_burst():
 def test_a_lone_request_still_decodes_in_one_batch_and_works_do_not_mix():
     async def scenario():
         batcher, calls = _recording_batcher(max_batch_tokens=100)
-        lone = batcher.submit([[i] for i in range(20)], Work("translate", beam=1), 60)
-        other = batcher.submit([[50], [51]], Work("translate", beam=2), 60)
+        lone = batcher.submit([[i] for i in range(20)], Work.translate(beam=1), 60)
+        other = batcher.submit([[50], [51]], Work.translate(beam=2), 60)
         worker = asyncio.create_task(batcher.run())
         await lone.future
         await other.future

@@ -88,7 +88,7 @@ def test_a_request_whose_batch_has_not_started_by_its_deadline_gets_504(translat
         assert client.post("/translate", json={"text": ["a"], "timeout_s": 9}).status_code == 400
 
 
-GREEDY = Work("translate", beam=1, nbest=1)
+GREEDY = Work.translate(beam=1, nbest=1)
 
 
 def _job_batcher(calls: list) -> Batcher:

@@ -321,8 +321,10 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         prefixes = None
         if parsed.prefix is not None:
             prefixes = _target_ids(translator, parsed.prefix, "prefix")
-        work = Work("translate", parsed.beam, parsed.nbest, parsed.sampling or "none",
-                    parsed.topk, parsed.topp, parsed.epsilon, parsed.temperature, parsed.seed)
+        sampling = {} if parsed.sampling is None else {
+            "sampling": parsed.sampling, "topk": parsed.topk, "topp": parsed.topp,
+            "epsilon": parsed.epsilon, "temperature": parsed.temperature, "seed": parsed.seed}
+        work = Work.translate(beam=parsed.beam, nbest=parsed.nbest, **sampling)
         results = await run_job(request, name, ids, work, prefixes, parsed.timeout_s)
         if isinstance(results, Response):
             return results

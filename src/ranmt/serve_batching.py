@@ -34,29 +34,26 @@ from ranmt.serve_schema import RequestError
 
 @dataclass(frozen=True)
 class Work:
-    """What a job asks of the model; only jobs with equal ``Work`` share a batch."""
+    """What a job asks of the model; only jobs with equal ``Work`` share a batch.
+
+    ``kind``: translate | score; ``options``: the decoding options of a translation (names
+    of :class:`ranmt.config.DecodeConfig` fields, e.g. beam, nbest, sampling), as sorted
+    (name, value) pairs so that equal requests compare and hash equal."""
 
     kind: str = "translate"
-    """translate | score."""
-    beam: int = 4
-    nbest: int = 1
-    sampling: str = "none"
-    topk: int = 0
-    topp: float = 0.9
-    epsilon: float = 0.02
-    temperature: float = 1.0
-    seed: int = 0
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def translate(cls, **options) -> Work:
+        """Translation with these decoding options (None values left out)."""
+        return cls("translate", tuple(sorted((k, v) for k, v in options.items()
+                                             if v is not None)))
 
     def run(self, translator, ids: list[list[int]], extras: list | None) -> list:
         """Decode (or score) lines ``ids`` with their extras (prefix or target ids)."""
         if self.kind == "score":
             return translator.score_ids(ids, extras)
-        overrides: dict[str, Any] = {"beam": self.beam, "nbest": self.nbest}
-        if self.sampling != "none":
-            overrides.update(sampling=self.sampling, topk=self.topk, topp=self.topp,
-                             epsilon=self.epsilon, temperature=self.temperature,
-                             seed=self.seed)
-        return translator.translate_ids(ids, prefixes=extras, **overrides)
+        return translator.translate_ids(ids, prefixes=extras, **dict(self.options))
 
 
 @dataclass(eq=False)

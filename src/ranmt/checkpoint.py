@@ -142,6 +142,15 @@ def read_meta(directory: Path) -> dict:
     return meta
 
 
+def write_meta(directory: Path, meta: dict) -> None:
+    """Replace a checkpoint's checkpoint.json atomically (a temporary file renamed over it):
+    with :func:`read_meta`, the only way ranmt reads and writes the file."""
+    target = Path(directory) / "checkpoint.json"
+    tmp = target.with_name("checkpoint.json.tmp")
+    tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    tmp.replace(target)
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"
                     ) -> tuple[Seq2Seq, Config, dict, Path]:
     """(model in eval mode, config, checkpoint.json contents, checkpoint dir)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ranmt.checkpoint import step_checkpoints
+from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
 from ranmt.config import decode_with, fill_config_from_data, to_dict
 from ranmt.experiment.cells import _cell_config
 from ranmt.experiment.spec import Dataset, Experiment, _source_run_dir
@@ -199,8 +199,7 @@ def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed:
             continue
         source_run = _source_run_dir(source, cell_file.parent, experiment.work)
         for checkpoint in reversed(step_checkpoints(source_run)):
-            trainer = json.loads((checkpoint / "checkpoint.json").read_text(
-                encoding="utf-8")).get("trainer", {})
+            trainer = read_meta(checkpoint).get("trainer", {})
             if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
                 continue
             state = _warm_start_state(trainer, cfg.train.validate_every)
@@ -219,14 +218,14 @@ def warm_start(checkpoint: Path, state: dict, cfg_dict: dict, run_dir: Path) -> 
     for target, drop in ((run_dir / "checkpoints" / f"step_{step:08d}", ()),
                          (run_dir / "best", ("optimizer.safetensors",))):
         shutil.copytree(checkpoint, target, ignore=shutil.ignore_patterns(*drop))
-        meta = json.loads((target / "checkpoint.json").read_text(encoding="utf-8"))
+        meta = read_meta(target)
         meta["config"] = cfg_dict
         meta["trainer"] = dict(state)
         if drop:  # best/ carries the validation of its step, as training writes it
             meta["trainer"]["valid"] = {k: v for k, v in state["validations"][-1].items()
                                         if k != "step"}
             meta.pop("optimizer", None)
-        (target / "checkpoint.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        write_meta(target, meta)
     (run_dir / "warm_start.json").write_text(json.dumps(
         {"checkpoint": str(checkpoint), "step": step}, indent=1), encoding="utf-8")
     source_log = checkpoint.parent.parent / "train.log"

@@ -59,3 +59,16 @@ def test_benchmark_fixed_length_and_int8(tmp_path):
         for entry in row["systems"].values():
             assert entry["tokens_per_s"] == pytest.approx((length + 1) * entry["sentences_per_s"])
     assert "fixed output length 6" in (tmp_path / "benchmark.md").read_text()
+
+
+def test_benchmark_bf16_decoding_and_training_rows(tmp_path):
+    """--quantize none bf16: bf16 copies decode the same fixed-length work, and every fp32
+    system gets a bf16 training row beside its fp32 one."""
+    main(["benchmark", "--arch", "transf", "--preset", "tiny", "--vocab-size", "50",
+          "--sentences", "8", "--batch-sizes", "4", "--beams", "2", "--batch", "4", "--beam",
+          "2", "--repeats", "1", "--fixed-length", "4", "--quantize", "none", "bf16",
+          "--out", str(tmp_path), "--device", "cpu"])
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    assert result["systems"] == ["transf:tiny", "transf:tiny bf16"]
+    assert set(result["train"]) == {"transf:tiny", "transf:tiny bf16 training"}
+    assert all(entry["tokens_per_s"] > 0 for entry in result["train"].values())

@@ -63,15 +63,19 @@ def _run_label(checkpoint: str) -> str:
 def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_size: int,
                  device: torch.device, quantize: tuple[str, ...] = ("none",)
                  ) -> list[tuple[str, Translator | None, object, object]]:
-    """(label, translator or None, model, config) per system and quantization mode (int8
-    copies are labelled ``… int8``)."""
+    """(label, translator or None, model, config) per system and mode: ``none`` (fp32),
+    ``int8`` (dynamic quantization) or ``bf16`` (weights and activations in bf16); the
+    copies are labelled ``… int8`` / ``… bf16``."""
     from ranmt.quantize import quantize_model
 
     systems = []
     for mode in quantize:
         suffix = "" if mode == "none" else f" {mode}"
+        precision = "bf16" if mode == "bf16" else "fp32"
+        quantization = "none" if mode == "bf16" else mode
         for checkpoint in checkpoints:
-            translator = Translator.load(checkpoint, device=str(device), quantize=mode)
+            translator = Translator.load(checkpoint, device=str(device),
+                                         quantize=quantization, precision=precision)
             label = f"{translator.config.model.arch}:{_run_label(checkpoint)}{suffix}"
             systems.append((label, translator, translator.model, translator.config))
         for arch in archs:
@@ -80,7 +84,9 @@ def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_si
                                      "model.tgt_vocab_size": str(vocab_size),
                                      "model.joint_vocab": "true"})
             torch.manual_seed(0)
-            model = quantize_model(build_model(cfg.model).to(device).eval(), mode)
+            model = quantize_model(build_model(cfg.model).to(device).eval(), quantization)
+            if precision == "bf16":
+                model = model.to(torch.bfloat16)
             systems.append((f"{arch}:{preset}{suffix}", None, model, cfg))
     if not systems:
         raise ValueError("give at least one --checkpoint or --arch")
@@ -122,9 +128,13 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
 
 
 def train_speed(model, config, sources: list[list[int]], max_tokens: int,
-                device: torch.device) -> tuple[float, float | None]:
+                device: torch.device, precision: str = "fp32") -> tuple[float, float | None]:
     """(target tokens/s, peak CUDA memory in MiB or None) of training steps over the inputs
-    (each source doubles as its own target: same lengths for every system)."""
+    (each source doubles as its own target: same lengths for every system), in ``precision``
+    as the trainer runs it (bf16: autocast and bf16 residual streams, fp32 weights)."""
+    from ranmt.precision import bf16_activations
+
+    bf16 = precision == "bf16"
     lengths = np.array([len(s) for s in sources])
     batches = make_batches(lengths, lengths, max_tokens)
     model.train()
@@ -138,7 +148,10 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
         arrays = [np.array(sources[i]) for i in rows]
         batch = collate(arrays, arrays, rows).to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss, _ = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), \
+                bf16_activations(bf16 and device.type == "cpu"):
+            logits = model(batch.src, batch.tgt_in)
+        loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1)
         loss.backward()
         optimizer.step()
         tokens += batch.target_tokens
@@ -183,6 +196,10 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                   quantize: tuple[str, ...] | list[str] = ("none",), train: bool = True
                   ) -> dict:
     device = pick_device(device_name)
+    if device.type == "cpu":
+        from ranmt.memory import retain_freed_memory
+
+        retain_freed_memory()  # as the trainer does
     systems = load_systems(checkpoints, archs, preset, vocab_size, device, tuple(quantize))
     sources = _inputs(systems, data, split, sentences, vocab_size)
     limit = min(cfg.model.max_positions for _, _, _, cfg in systems) - 1
@@ -218,7 +235,8 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
                 f"{label} {v['tokens_per_s']:,.0f} tok/s ({v['ratio']:.2f}x)"
                 for label, v in row["systems"].items()))
     if train:
-        _train_rows(results, systems, sources, train_tokens, repeats, device, log)
+        precisions = ("fp32", "bf16") if "bf16" in quantize else ("fp32",)
+        _train_rows(results, systems, sources, train_tokens, repeats, device, log, precisions)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
@@ -229,17 +247,22 @@ def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
 
 
 def _train_rows(results: dict, systems, sources, train_tokens: int, repeats: int,
-                device: torch.device, log) -> None:
-    """Training throughput of the (unquantized) systems, interleaved, into results."""
-    systems = [s for s in systems if not is_quantized(s[2])]
+                device: torch.device, log, precisions: tuple[str, ...] = ("fp32",)) -> None:
+    """Training throughput of the fp32 systems in each of ``precisions`` (a bf16 row is the
+    same model trained as ``train.precision=bf16`` does), interleaved, into results."""
+    fp32 = [s for s in systems if not is_quantized(s[2])
+            and next(s[2].parameters()).dtype == torch.float32]
+    systems = [(label if precision == "fp32" else f"{label} {precision} training", translator,
+                model, cfg, precision)
+               for precision in precisions for label, translator, model, cfg in fp32]
     train_samples: dict[str, list] = {label: [] for label, *_ in systems}
     for repeat in range(repeats + 1):
-        for label, _, model, cfg in systems:
-            value = train_speed(model, cfg, sources, train_tokens, device)
+        for label, _, model, cfg, precision in systems:
+            value = train_speed(model, cfg, sources, train_tokens, device, precision)
             if repeat > 0:
                 train_samples[label].append(value)
     first = None
-    for label, _, model, _ in systems:
+    for label, _, model, _, _ in systems:
         tok = statistics.median(v[0] for v in train_samples[label])
         first = first or tok
         peaks = [v[1] for v in train_samples[label] if v[1] is not None]

@@ -594,8 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed-length", type=int,
                    help="every hypothesis exactly this many tokens (EOS suppressed before, "
                         "forced at it): equal work for any two checkpoints, trained or not")
-    p.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8"],
-                   help="also (or only) measure int8-quantized copies of the systems (CPU)")
+    p.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8", "bf16"],
+                   help="modes to measure: none (fp32), int8 (quantized copies, CPU), bf16 "
+                        "(bf16 copies for decoding, and bf16 training rows beside fp32's)")
     p.add_argument("--out", default="benchmark", help="output directory")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_benchmark)

@@ -1,6 +1,7 @@
 """The ``ranmt`` command line: thin subcommands that call the library (DESIGN §1 contract).
 
-Each subcommand parses its options and calls one library function; errors the user can
+Each subcommand is a row of :data:`COMMANDS`: ``_args_NAME`` (its options) stands right
+above ``_cmd_NAME`` (its handler), which calls one library function; errors the user can
 fix are printed as one line ``ranmt CMD: error: ...`` with exit status 2.
 """
 
@@ -10,6 +11,20 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+def _args_download(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt download``."""
+    p.add_argument("dataset", help="multi30k (en, de, fr, cs); wmt14 (en-de, en-fr); wmt17 "
+                                   "(en-lv, en-fi, en-tr); WMT pairs in either direction")
+    p.add_argument("--pair", default="en-de", help="language pair, e.g. en-de, en-fr, en-cs")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--from", dest="source",
+                   help="local folder with the files: Multi30k's .gz files (default: "
+                        "$RANMT_DATA_DIR), or the WMT archives under their official names "
+                        "(checksums verified; an interrupted download resumes on rerun)")
 
 
 def _cmd_download(args) -> None:
@@ -23,6 +38,44 @@ def _cmd_download(args) -> None:
     else:
         raise ValueError(f"unknown dataset '{args.dataset}' (available: multi30k, "
                          f"{', '.join(available())})")
+
+
+def _args_prepare(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt prepare``."""
+    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
+    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--train", required=True, nargs="+", action="extend", metavar="PREFIX",
+                   help="training prefix(es): PREFIX.SRC / PREFIX.TGT, plain or .gz/.xz/.bz2; "
+                        "several (or --train repeated) are concatenated, with per-corpus "
+                        "counts in meta.json")
+    p.add_argument("--valid", required=True, help="validation prefix")
+    p.add_argument("--test", action="append", metavar="NAME=PREFIX", help="test split(s)")
+    p.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--joint", action="store_true", help="one shared vocabulary (default)")
+    group.add_argument("--separate", action="store_true", help="one vocabulary per language")
+    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"],
+                   help="SentencePiece model type")
+    p.add_argument("--max-positions", type=int, default=256,
+                   help="drop training pairs longer than this many subwords (EOS included)")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace"],
+                   help="invalid UTF-8: fail (default) or replace")
+    p.add_argument("--max-ratio", type=float, metavar="R",
+                   help="also drop training pairs whose longer side has more than R times "
+                        "the subwords of the shorter (off by default; WMT setups use 1.5-9)")
+    p.add_argument("--spm-sample", type=int, default=2_000_000, metavar="N",
+                   help="train SentencePiece on a uniform sample of at most N sentences "
+                        "(one seeded pass; default 2,000,000)")
+    p.add_argument("--spm-model", metavar="MODEL",
+                   help="encode with this existing (joint) SentencePiece model instead of "
+                        "training one: fine-tuning data, back-translations, corpus shards")
+    p.add_argument("--spm-src", metavar="MODEL", help="existing source-side model")
+    p.add_argument("--spm-tgt", metavar="MODEL", help="existing target-side model")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="encoding processes (default: the cores)")
+    p.add_argument("--out", required=True, help="prepared-data directory")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (shown on stderr when it is a terminal)")
 
 
 def _cmd_prepare(args) -> None:
@@ -50,6 +103,14 @@ def _cmd_prepare(args) -> None:
             not args.separate, args.model_type, args.max_positions, args.errors, log=_info,
             progress=not args.quiet and sys.stderr.isatty(), spm_sample=args.spm_sample,
             spm_models=spm_models, max_ratio=args.max_ratio, workers=args.workers)
+
+
+def _args_train(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt train``."""
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
 def _cmd_train(args) -> None:
@@ -104,6 +165,38 @@ def _load_translator(args):
 
 def _given(value, default):
     return default if value is None else value
+
+
+def _args_translate(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt translate``."""
+    _decode_options(p)
+    p.add_argument("--input", help="input file (default stdin)")
+    p.add_argument("--output", help="output file (default stdout)")
+    p.add_argument("--nbest", type=int, help="print the n best hypotheses (the number of "
+                   "samples with --sampling): idx<TAB>score<TAB>text")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace"])
+    p.add_argument("--prefix", metavar="FILE",
+                   help="target prefixes, one line per input line (empty: none): each "
+                        "translation starts with its prefix and continues from it")
+    p.add_argument("--alignments", action="store_true",
+                   help="append ' ||| i-j ...' word alignments (source word i, target word j) "
+                        "from the cross-attention")
+    p.add_argument("--alignment-layer", type=int, metavar="L",
+                   help="decoder layer whose head-averaged cross-attention aligns (default "
+                        "-2: the penultimate; negative counts from the top)")
+    p.add_argument("--score-target", metavar="FILE",
+                   help="score these translations of the input instead of translating: "
+                        "per line normalized<TAB>total<TAB>per-token log-probs")
+    group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
+    group.add_argument("--sampling", choices=["topk", "topp", "eps"],
+                       help="topk: the k most probable tokens; topp: nucleus (the smallest "
+                            "set holding P); eps: tokens of probability >= epsilon")
+    group.add_argument("--topk", type=int, help="topk: k (default 0 = the whole vocabulary)")
+    group.add_argument("--topp", type=float, help="topp: P (default 0.9)")
+    group.add_argument("--epsilon", type=float, help="eps: epsilon (default 0.02)")
+    group.add_argument("--temperature", type=float, help="divide log-probs by T (default 1)")
+    group.add_argument("--seed", type=int, help="seed: same inputs and seed, same samples "
+                                                "(default 0)")
 
 
 def _cmd_translate(args) -> None:
@@ -191,6 +284,22 @@ def _print_scores(result: dict, metrics: list[str], prefix: str = "") -> None:
         print(f"{prefix}{metric.upper()} = {result[metric]:.2f}  ({result['signature'][metric]})")
 
 
+def _args_score(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt score``."""
+    p.add_argument("--ref", required=True, help="reference file")
+    p.add_argument("--hyp", required=True, action="append",
+                   help="hypothesis file; repeat: the first is the baseline")
+    _metric_options(p)
+    p.add_argument("--src", help="source file: adds BLEU by source/reference length bins")
+    p.add_argument("--length-edges", type=int, nargs="+", default=[0, 10, 20, 30, 40, 50, 60],
+                   help="lower edges of the length bins in words (default: seven bins)")
+    p.add_argument("--lang", default="", help="target language (Moses tokenization)")
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="significance level of the † mark (default 0.05, as the grids')")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def _cmd_score(args) -> None:
     from ranmt.data.text import read_lines
     from ranmt.evaluate import bleu_by_length, paired_bootstrap, score, single_run_mark
@@ -236,6 +345,16 @@ def _cmd_score(args) -> None:
           "grids mark seeds with the same alpha: ranmt.evaluate)")
 
 
+def _args_evaluate(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt evaluate``."""
+    _decode_options(p)
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--split", default="test", help="split name (see meta.json)")
+    _metric_options(p)
+    p.add_argument("--output", help="also write the translations here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def _cmd_evaluate(args) -> None:
     from ranmt.data.corpus import load_meta, raw_text
     from ranmt.data.text import write_lines
@@ -261,6 +380,22 @@ def _cmd_evaluate(args) -> None:
         _print_scores(result, metrics, f"{args.split} ")
 
 
+def _args_analyze(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt analyze``."""
+    p.add_argument("--checkpoint", required=True, action="append",
+                   help="run or checkpoint; repeat to draw several systems in one figure")
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--split", default="test", help="split whose real sentences are used")
+    p.add_argument("--out", required=True, help="output directory for PNG files and JSON")
+    p.add_argument("--max-sentences", type=int, default=0, help="first N sentences (0 = all)")
+    p.add_argument("--beam", type=int, help="beam for the BLEU-by-bin translations")
+    p.add_argument("--layers", type=int, nargs="+",
+                   help="layers (1-based) drawn in the histograms (default: first, middle, last)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars (shown on stderr when it is a terminal)")
+
+
 def _cmd_analyze(args) -> None:
     from ranmt.analysis import analyze
 
@@ -269,6 +404,36 @@ def _cmd_analyze(args) -> None:
     analyze(args.checkpoint, args.data, args.split, args.out, args.max_sentences, args.beam,
             args.device, log=_info, histogram_layers=args.layers,
             progress=not args.quiet and sys.stderr.isatty())
+
+
+def _args_experiment(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt experiment``."""
+    p.add_argument("config", help="experiment YAML (see configs/experiments/)")
+    p.add_argument("--out", help="output directory (default: the file's `out`)")
+    p.add_argument("--variants", nargs="+", metavar="NAME",
+                   help="run only these variants' cells (the tables still show every "
+                        "finished cell of the grid)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="N",
+                   help="run only these seeds' cells")
+    p.add_argument("--tables-only", action="store_true",
+                   help="train nothing: rewrite results.md/json from the finished cells")
+    p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
+                   help="output folders of other grids: a finished cell there that is the "
+                        "same training (seed, resolved config, identical prepared data) is "
+                        "copied instead of trained; a cell whose training only runs longer "
+                        "(or validates less often) than one there starts from its checkpoint")
+    p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
+                   help="also compare every variant against these variants of the grid "
+                        "(results.vs-NAME.md|json beside results.md; with --tables-only "
+                        "nothing is trained)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cells, resolved configs, parameter counts, tokens "
+                        "per step) and check every cell; train nothing")
+    p.add_argument("--work", metavar="DIR",
+                   help="keep the cells' run folders (checkpoints, trainer state) under "
+                        "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
+                        "that a stopped cell resumes from another checkout of the grid "
+                        "(default: $RANMT_WORK_DIR, else beside cell.json)")
 
 
 def _cmd_experiment(args) -> None:
@@ -288,6 +453,13 @@ def _cmd_experiment(args) -> None:
         raise
 
 
+def _args_average(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt average``."""
+    p.add_argument("--checkpoint", required=True, help="run directory")
+    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+
+
 def _cmd_average(args) -> None:
     from ranmt.checkpoint import average_checkpoints
 
@@ -295,16 +467,77 @@ def _cmd_average(args) -> None:
     _info(f"wrote the average of the last {args.last} checkpoints to {path}")
 
 
+def _args_benchmark(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt benchmark``."""
+    p.add_argument("--checkpoint", action="append", help="trained system (repeatable)")
+    p.add_argument("--arch", action="append",
+                   help="freshly initialised system of --preset (repeatable)")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary for --arch")
+    p.add_argument("--data", help="prepared data whose --split sources are decoded")
+    p.add_argument("--split", default="test")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 50, 100])
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--beam", type=int, default=4, help="beam while varying the batch size")
+    p.add_argument("--batch", type=int, default=100, help="batch while varying the beam")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs (median) after warm-up")
+    p.add_argument("--train-tokens", type=int, default=4096, help="tokens per training batch")
+    p.add_argument("--no-train", action="store_true", help="decoding speed only")
+    p.add_argument("--fixed-length", type=int,
+                   help="every hypothesis exactly this many tokens (EOS suppressed before, "
+                        "forced at it): equal work for any two checkpoints, trained or not")
+    p.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8", "bf16"],
+                   help="modes to measure: none (fp32), int8 (quantized copies, CPU), bf16 "
+                        "(bf16 copies for decoding, and bf16 training rows beside fp32's)")
+    p.add_argument("--out", default="benchmark", help="output directory")
+    p.add_argument("--device", default="auto")
+
+
 def _cmd_benchmark(args) -> None:
     from ranmt.benchmark import run_benchmark
 
     if args.repeats < 1 or args.sentences < 1:
         raise ValueError("--repeats and --sentences must be >= 1")
-    run_benchmark(args.checkpoint or [], args.arch or [], args.out, args.preset,
-                  args.vocab_size, args.data, args.split, args.sentences, args.batch_sizes,
-                  args.beams, args.beam, args.batch, args.repeats, args.train_tokens,
-                  args.device, log=_info, fixed_length=args.fixed_length,
+    run_benchmark(checkpoints=args.checkpoint or [], archs=args.arch or [], out=args.out,
+                  preset=args.preset, vocab_size=args.vocab_size, data=args.data,
+                  split=args.split, sentences=args.sentences, batch_sizes=args.batch_sizes,
+                  beams=args.beams, fixed_beam=args.beam, fixed_batch=args.batch,
+                  repeats=args.repeats, train_tokens=args.train_tokens,
+                  device_name=args.device, log=_info, fixed_length=args.fixed_length,
                   quantize=args.quantize, train=not args.no_train)
+
+
+def _args_serve(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt serve``."""
+    p.add_argument("--checkpoint", action="append", required=True,
+                   help="run or checkpoint to serve, optionally NAME=PATH (repeatable)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: weights and activations in bf16 (see translate --help)")
+    p.add_argument("--max-lines", type=int, default=64, help="lines per request")
+    p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
+    p.add_argument("--max-beam", type=int, default=16)
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long a batch collects concurrent requests")
+    p.add_argument("--max-batch-tokens", type=int, default=8000,
+                   help="source tokens per dynamic batch")
+    p.add_argument("--max-batch-lines", type=int, default=64,
+                   help="lines per dynamic batch (default 64, one decoding batch: a larger "
+                        "batch decodes no faster and delays every request in it)")
+    p.add_argument("--max-queued-tokens", type=int, default=32000,
+                   help="source tokens a model's queue may hold; beyond, requests get 503 "
+                        "with Retry-After at once (default 32000, four full batches)")
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="drop a request (504) whose batch has not started after this long; "
+                        "a request may ask for less with timeout_s (default 60)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
+                        "KEY the file's first line (or set $RANMT_API_KEY)")
 
 
 def _cmd_serve(args) -> None:
@@ -325,6 +558,16 @@ def _cmd_serve(args) -> None:
           api_key=read_api_key(args.api_key_file), precision=args.precision)
 
 
+def _args_export(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt export``."""
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--format", default="hf-marian", choices=["hf-marian", "ctranslate2"],
+                   help="hf-marian (post-norm TransF only) or ctranslate2 (any TransF)")
+    p.add_argument("--quantization", default=None,
+                   help="ctranslate2 only: weight type, e.g. int8, float16 (default float32)")
+    p.add_argument("--out", required=True, help="output directory")
+
+
 def _cmd_export(args) -> None:
     from ranmt.export import export_ctranslate2, export_hf_marian
 
@@ -337,6 +580,17 @@ def _cmd_export(args) -> None:
     else:
         raise ValueError(f"unknown export format '{args.format}' "
                          "(available: hf-marian, ctranslate2)")
+
+
+def _args_info(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt info``."""
+    p.add_argument("--checkpoint")
+    p.add_argument("--config")
+    p.add_argument("--data", help="prepared data (for the vocabulary sizes)")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="vocabulary size assumed without --data (default 8000)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--json", action="store_true")
 
 
 def _cmd_info(args) -> None:
@@ -406,6 +660,48 @@ def _metric_options(parser: argparse.ArgumentParser) -> None:
                         help="tok_bleu: split hyphenated compounds (##AT##-##AT##)")
 
 
+class Command(NamedTuple):
+    """One subcommand: its options (``add_arguments``) stand beside its handler (``run``)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+    defaults: dict = {}
+
+
+COMMANDS = (
+    Command("download", "download a public corpus (multi30k, wmt14, wmt17)",
+            _args_download, _cmd_download),
+    Command("prepare", "train SentencePiece and encode a parallel corpus",
+            _args_prepare, _cmd_prepare),
+    Command("train", "train a model",
+            _args_train, _cmd_train),
+    Command("translate", "translate raw text (stdin or --input)",
+            _args_translate, _cmd_translate),
+    Command("score", "score hypotheses with sacreBLEU (+ paired bootstrap)",
+            _args_score, _cmd_score),
+    Command("evaluate", "translate a prepared split and score it",
+            _args_evaluate, _cmd_evaluate, {'nbest': None}),
+    Command("analyze", "attention statistics and the papers' figures (PNG+JSON)",
+            _args_analyze, _cmd_analyze),
+    Command("experiment", "run a grid of datasets x variants x seeds",
+            _args_experiment, _cmd_experiment),
+    Command("average", "average the weights of a run's last K checkpoints",
+            _args_average, _cmd_average),
+    Command("benchmark", "decoding/training speed of systems, side by side",
+            _args_benchmark, _cmd_benchmark),
+    Command("serve", "serve models over HTTP (translation API and the attention explorer at /)",
+            _args_serve, _cmd_serve),
+    Command("export", "export a TransF checkpoint to CTranslate2 or Hugging Face Marian (identical "
+                      "logits)",
+            _args_export, _cmd_export),
+    Command("info", "parameter counts of a checkpoint or config",
+            _args_info, _cmd_info),
+)
+"""The subcommands, in the order ``ranmt --help`` lists them."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ranmt", description="Neural machine translation with pluggable attention: "
@@ -414,244 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
         "options.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("download", help="download a public corpus (multi30k, wmt14, wmt17)")
-    p.add_argument("dataset", help="multi30k (en, de, fr, cs); wmt14 (en-de, en-fr); wmt17 "
-                                   "(en-lv, en-fi, en-tr); WMT pairs in either direction")
-    p.add_argument("--pair", default="en-de", help="language pair, e.g. en-de, en-fr, en-cs")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--from", dest="source",
-                   help="local folder with the files: Multi30k's .gz files (default: "
-                        "$RANMT_DATA_DIR), or the WMT archives under their official names "
-                        "(checksums verified; an interrupted download resumes on rerun)")
-    p.set_defaults(func=_cmd_download)
-
-    p = sub.add_parser("prepare", help="train SentencePiece and encode a parallel corpus")
-    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
-    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
-    p.add_argument("--train", required=True, nargs="+", action="extend", metavar="PREFIX",
-                   help="training prefix(es): PREFIX.SRC / PREFIX.TGT, plain or .gz/.xz/.bz2; "
-                        "several (or --train repeated) are concatenated, with per-corpus "
-                        "counts in meta.json")
-    p.add_argument("--valid", required=True, help="validation prefix")
-    p.add_argument("--test", action="append", metavar="NAME=PREFIX", help="test split(s)")
-    p.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--joint", action="store_true", help="one shared vocabulary (default)")
-    group.add_argument("--separate", action="store_true", help="one vocabulary per language")
-    p.add_argument("--model-type", default="bpe", choices=["bpe", "unigram"],
-                   help="SentencePiece model type")
-    p.add_argument("--max-positions", type=int, default=256,
-                   help="drop training pairs longer than this many subwords (EOS included)")
-    p.add_argument("--errors", default="strict", choices=["strict", "replace"],
-                   help="invalid UTF-8: fail (default) or replace")
-    p.add_argument("--max-ratio", type=float, metavar="R",
-                   help="also drop training pairs whose longer side has more than R times "
-                        "the subwords of the shorter (off by default; WMT setups use 1.5-9)")
-    p.add_argument("--spm-sample", type=int, default=2_000_000, metavar="N",
-                   help="train SentencePiece on a uniform sample of at most N sentences "
-                        "(one seeded pass; default 2,000,000)")
-    p.add_argument("--spm-model", metavar="MODEL",
-                   help="encode with this existing (joint) SentencePiece model instead of "
-                        "training one: fine-tuning data, back-translations, corpus shards")
-    p.add_argument("--spm-src", metavar="MODEL", help="existing source-side model")
-    p.add_argument("--spm-tgt", metavar="MODEL", help="existing target-side model")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="encoding processes (default: the cores)")
-    p.add_argument("--out", required=True, help="prepared-data directory")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (shown on stderr when it is a terminal)")
-    p.set_defaults(func=_cmd_prepare)
-
-    p = sub.add_parser("train", help="train a model")
-    p.add_argument("--data", required=True, help="prepared-data directory")
-    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    p.set_defaults(func=_cmd_train)
-
-    p = sub.add_parser("translate", help="translate raw text (stdin or --input)")
-    _decode_options(p)
-    p.add_argument("--input", help="input file (default stdin)")
-    p.add_argument("--output", help="output file (default stdout)")
-    p.add_argument("--nbest", type=int, help="print the n best hypotheses (the number of "
-                   "samples with --sampling): idx<TAB>score<TAB>text")
-    p.add_argument("--errors", default="strict", choices=["strict", "replace"])
-    p.add_argument("--prefix", metavar="FILE",
-                   help="target prefixes, one line per input line (empty: none): each "
-                        "translation starts with its prefix and continues from it")
-    p.add_argument("--alignments", action="store_true",
-                   help="append ' ||| i-j ...' word alignments (source word i, target word j) "
-                        "from the cross-attention")
-    p.add_argument("--alignment-layer", type=int, metavar="L",
-                   help="decoder layer whose head-averaged cross-attention aligns (default "
-                        "-2: the penultimate; negative counts from the top)")
-    p.add_argument("--score-target", metavar="FILE",
-                   help="score these translations of the input instead of translating: "
-                        "per line normalized<TAB>total<TAB>per-token log-probs")
-    group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
-    group.add_argument("--sampling", choices=["topk", "topp", "eps"],
-                       help="topk: the k most probable tokens; topp: nucleus (the smallest "
-                            "set holding P); eps: tokens of probability >= epsilon")
-    group.add_argument("--topk", type=int, help="topk: k (default 0 = the whole vocabulary)")
-    group.add_argument("--topp", type=float, help="topp: P (default 0.9)")
-    group.add_argument("--epsilon", type=float, help="eps: epsilon (default 0.02)")
-    group.add_argument("--temperature", type=float, help="divide log-probs by T (default 1)")
-    group.add_argument("--seed", type=int, help="seed: same inputs and seed, same samples "
-                                                "(default 0)")
-    p.set_defaults(func=_cmd_translate)
-
-    p = sub.add_parser("score", help="score hypotheses with sacreBLEU (+ paired bootstrap)")
-    p.add_argument("--ref", required=True, help="reference file")
-    p.add_argument("--hyp", required=True, action="append",
-                   help="hypothesis file; repeat: the first is the baseline")
-    _metric_options(p)
-    p.add_argument("--src", help="source file: adds BLEU by source/reference length bins")
-    p.add_argument("--length-edges", type=int, nargs="+", default=[0, 10, 20, 30, 40, 50, 60],
-                   help="lower edges of the length bins in words (default: seven bins)")
-    p.add_argument("--lang", default="", help="target language (Moses tokenization)")
-    p.add_argument("--bootstrap-samples", type=int, default=1000)
-    p.add_argument("--alpha", type=float, default=0.05,
-                   help="significance level of the † mark (default 0.05, as the grids')")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_score)
-
-    p = sub.add_parser("evaluate", help="translate a prepared split and score it")
-    _decode_options(p)
-    p.add_argument("--data", required=True, help="prepared-data directory")
-    p.add_argument("--split", default="test", help="split name (see meta.json)")
-    _metric_options(p)
-    p.add_argument("--output", help="also write the translations here")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_cmd_evaluate, nbest=None)
-
-    p = sub.add_parser("analyze", help="attention statistics and the papers' figures (PNG+JSON)")
-    p.add_argument("--checkpoint", required=True, action="append",
-                   help="run or checkpoint; repeat to draw several systems in one figure")
-    p.add_argument("--data", required=True, help="prepared-data directory")
-    p.add_argument("--split", default="test", help="split whose real sentences are used")
-    p.add_argument("--out", required=True, help="output directory for PNG files and JSON")
-    p.add_argument("--max-sentences", type=int, default=0, help="first N sentences (0 = all)")
-    p.add_argument("--beam", type=int, help="beam for the BLEU-by-bin translations")
-    p.add_argument("--layers", type=int, nargs="+",
-                   help="layers (1-based) drawn in the histograms (default: first, middle, last)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bars (shown on stderr when it is a terminal)")
-    p.set_defaults(func=_cmd_analyze)
-
-    p = sub.add_parser("experiment", help="run a grid of datasets x variants x seeds")
-    p.add_argument("config", help="experiment YAML (see configs/experiments/)")
-    p.add_argument("--out", help="output directory (default: the file's `out`)")
-    p.add_argument("--variants", nargs="+", metavar="NAME",
-                   help="run only these variants' cells (the tables still show every "
-                        "finished cell of the grid)")
-    p.add_argument("--seeds", nargs="+", type=int, metavar="N",
-                   help="run only these seeds' cells")
-    p.add_argument("--tables-only", action="store_true",
-                   help="train nothing: rewrite results.md/json from the finished cells")
-    p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
-                   help="output folders of other grids: a finished cell there that is the "
-                        "same training (seed, resolved config, identical prepared data) is "
-                        "copied instead of trained; a cell whose training only runs longer "
-                        "(or validates less often) than one there starts from its checkpoint")
-    p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
-                   help="also compare every variant against these variants of the grid "
-                        "(results.vs-NAME.md|json beside results.md; with --tables-only "
-                        "nothing is trained)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (cells, resolved configs, parameter counts, tokens "
-                        "per step) and check every cell; train nothing")
-    p.add_argument("--work", metavar="DIR",
-                   help="keep the cells' run folders (checkpoints, trainer state) under "
-                        "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
-                        "that a stopped cell resumes from another checkout of the grid "
-                        "(default: $RANMT_WORK_DIR, else beside cell.json)")
-    p.set_defaults(func=_cmd_experiment)
-
-    p = sub.add_parser("average", help="average the weights of a run's last K checkpoints")
-    p.add_argument("--checkpoint", required=True, help="run directory")
-    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
-    p.add_argument("--out", required=True, help="output checkpoint directory")
-    p.set_defaults(func=_cmd_average)
-
-    p = sub.add_parser("benchmark", help="decoding/training speed of systems, side by side")
-    p.add_argument("--checkpoint", action="append", help="trained system (repeatable)")
-    p.add_argument("--arch", action="append",
-                   help="freshly initialised system of --preset (repeatable)")
-    p.add_argument("--preset", default="small")
-    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary for --arch")
-    p.add_argument("--data", help="prepared data whose --split sources are decoded")
-    p.add_argument("--split", default="test")
-    p.add_argument("--sentences", type=int, default=200)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 50, 100])
-    p.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--beam", type=int, default=4, help="beam while varying the batch size")
-    p.add_argument("--batch", type=int, default=100, help="batch while varying the beam")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs (median) after warm-up")
-    p.add_argument("--train-tokens", type=int, default=4096, help="tokens per training batch")
-    p.add_argument("--no-train", action="store_true", help="decoding speed only")
-    p.add_argument("--fixed-length", type=int,
-                   help="every hypothesis exactly this many tokens (EOS suppressed before, "
-                        "forced at it): equal work for any two checkpoints, trained or not")
-    p.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8", "bf16"],
-                   help="modes to measure: none (fp32), int8 (quantized copies, CPU), bf16 "
-                        "(bf16 copies for decoding, and bf16 training rows beside fp32's)")
-    p.add_argument("--out", default="benchmark", help="output directory")
-    p.add_argument("--device", default="auto")
-    p.set_defaults(func=_cmd_benchmark)
-
-    p = sub.add_parser("serve", help="serve models over HTTP (translation API and the "
-                                     "attention explorer at /)")
-    p.add_argument("--checkpoint", action="append", required=True,
-                   help="run or checkpoint to serve, optionally NAME=PATH (repeatable)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--quantize", default="none", choices=["none", "int8"])
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                   help="bf16: weights and activations in bf16 (see translate --help)")
-    p.add_argument("--max-lines", type=int, default=64, help="lines per request")
-    p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
-    p.add_argument("--max-beam", type=int, default=16)
-    p.add_argument("--batch-window-ms", type=float, default=5.0,
-                   help="how long a batch collects concurrent requests")
-    p.add_argument("--max-batch-tokens", type=int, default=8000,
-                   help="source tokens per dynamic batch")
-    p.add_argument("--max-batch-lines", type=int, default=64,
-                   help="lines per dynamic batch (default 64, one decoding batch: a larger "
-                        "batch decodes no faster and delays every request in it)")
-    p.add_argument("--max-queued-tokens", type=int, default=32000,
-                   help="source tokens a model's queue may hold; beyond, requests get 503 "
-                        "with Retry-After at once (default 32000, four full batches)")
-    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="drop a request (504) whose batch has not started after this long; "
-                        "a request may ask for less with timeout_s (default 60)")
-    p.add_argument("--api-key-file", metavar="FILE",
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
-                        "KEY the file's first line (or set $RANMT_API_KEY)")
-    p.set_defaults(func=_cmd_serve)
-
-    p = sub.add_parser("export", help="export a TransF checkpoint to CTranslate2 or Hugging Face "
-                                      "Marian (identical logits)")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--format", default="hf-marian", choices=["hf-marian", "ctranslate2"],
-                   help="hf-marian (post-norm TransF only) or ctranslate2 (any TransF)")
-    p.add_argument("--quantization", default=None,
-                   help="ctranslate2 only: weight type, e.g. int8, float16 (default float32)")
-    p.add_argument("--out", required=True, help="output directory")
-    p.set_defaults(func=_cmd_export)
-
-    p = sub.add_parser("info", help="parameter counts of a checkpoint or config")
-    p.add_argument("--checkpoint")
-    p.add_argument("--config")
-    p.add_argument("--data", help="prepared data (for the vocabulary sizes)")
-    p.add_argument("--vocab-size", type=int, default=8000,
-                   help="vocabulary size assumed without --data (default 8000)")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_info)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run, **command.defaults)
     return parser
 
 

@@ -49,7 +49,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from ranmt.data.batching import pad_sources
-from ranmt.model import BOS_ID
+from ranmt.model import BOS_ID, component_weights
 from ranmt.scoring import word_alignment
 from ranmt.serve_batching import Batcher, QueueFullError, Work, wait_for_job
 from ranmt.serve_schema import (
@@ -153,9 +153,7 @@ def attention_maps(translator: Translator, src_ids: list[int], tgt_ids: list[int
     return {
         "source_tokens": [src_pieces.id_to_piece(i) for i in src_ids] + ["</s>"],
         "target_tokens": [tgt_pieces.id_to_piece(i) for i in tgt_ids] + ["</s>"],
-        "encoder_self": layers(weights["encoder"]),
-        "decoder_self": layers([w.get("self") for w in weights["decoder"]]),
-        "cross": layers([w.get("cross") for w in weights["decoder"]]),
+        **{name: layers(items) for name, items in component_weights(weights).items()},
         "kinds": {"encoder_self": cfg.encoder.self_attention,
                   "decoder_self": cfg.decoder.self_attention,
                   "cross": cfg.decoder.cross_attention},

@@ -36,20 +36,12 @@ from ranmt.analysis.stats import argmax_distance, js_divergence, off_diagonality
 from ranmt.data.batching import batch_from_split, make_batches
 from ranmt.data.corpus import load_split, raw_text
 from ranmt.evaluate import bleu_by_bins, bleu_by_length
-from ranmt.model import PAD_ID
+from ranmt.model import PAD_ID, component_weights
 from ranmt.translator import Translator
 
 COMPONENTS = ("encoder_self", "decoder_self", "cross")
 HIST_BINS = np.linspace(0.0, 1.0, 51)
 OFFDIAG_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8)
-
-
-def _component_weights(weights: dict) -> dict[str, list]:
-    return {
-        "encoder_self": list(weights["encoder"]),
-        "decoder_self": [layer.get("self") for layer in weights["decoder"]],
-        "cross": [layer.get("cross") for layer in weights["decoder"]],
-    }
 
 
 class _Accumulator:
@@ -136,7 +128,7 @@ def collect_attention(model, split, count: int, max_tokens: int = 2000,
             "decoder_self": (tgt_valid, causal[None].expand(len(indices), -1, -1), True),
             "cross": (tgt_valid, src_valid[:, None, :].expand(-1, length_t, -1), False),
         }
-        for name, layer_weights in _component_weights(weights).items():
+        for name, layer_weights in component_weights(weights).items():
             query_valid, allowed, is_self = setup[name]
             averaged = {}
             for layer, w in enumerate(layer_weights):

@@ -7,7 +7,9 @@ from ranmt.model.seq2seq import (
     UNK_ID,
     Seq2Seq,
     build_model,
+    component_weights,
     count_parameters,
 )
 
-__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Seq2Seq", "build_model", "count_parameters"]
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Seq2Seq", "build_model",
+           "component_weights", "count_parameters"]

@@ -190,6 +190,17 @@ class Seq2Seq(nn.Module):
                 reorder_cache(layer_cache["cross"], sentence_order)
 
 
+def component_weights(weights: dict) -> dict[str, list]:
+    """``Seq2Seq.forward(..., need_weights=True)``'s weights by component: ``encoder_self``,
+    ``decoder_self`` and ``cross``, each a list over layers of (B, H, queries, keys) tensors
+    (None for a layer without that component)."""
+    return {
+        "encoder_self": list(weights["encoder"]),
+        "decoder_self": [layer.get("self") for layer in weights["decoder"]],
+        "cross": [layer.get("cross") for layer in weights["decoder"]],
+    }
+
+
 def _positions_kind(model_default: str, override: str) -> str:
     return override or model_default
 

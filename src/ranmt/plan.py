@@ -14,10 +14,14 @@ on a laptop before the first hour of GPU time is spent.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ranmt.config import ConfigError
 from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
+
+if TYPE_CHECKING:  # the experiment package imports torch; the plan imports it lazily
+    from ranmt.experiment.spec import Variant
 
 
 def _dataset_notes(dataset, root: Path) -> list[str]:
@@ -51,7 +55,7 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
     return notes
 
 
-def _cell_plan(experiment, dataset, variant: dict, seed: int, root: Path,
+def _cell_plan(experiment, dataset, variant: Variant, seed: int, root: Path,
                parameters: int | None = None) -> dict:
     """One cell's resolved config and model size (ConfigError names the cell);
     ``parameters`` given: the model of another seed of the variant (the seed changes no
@@ -60,7 +64,7 @@ def _cell_plan(experiment, dataset, variant: dict, seed: int, root: Path,
     from ranmt.experiment import _cell_config
     from ranmt.model import build_model, count_parameters
 
-    label = f"{dataset.name} / {variant['name']} / seed {seed}"
+    label = f"{dataset.name} / {variant.name} / seed {seed}"
     try:
         cfg = _cell_config(experiment, variant, seed)
         prepared = root / "data" / dataset.name
@@ -77,7 +81,7 @@ def _cell_plan(experiment, dataset, variant: dict, seed: int, root: Path,
     except (ConfigError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"cell {label}: {err}") from None
     t = cfg.train
-    return {"cell": label, "dataset": dataset.name, "variant": variant["name"], "seed": seed,
+    return {"cell": label, "dataset": dataset.name, "variant": variant.name, "seed": seed,
             "arch": cfg.model.arch, "preset": cfg.model.preset, "parameters": parameters,
             "tokens_per_step_per_rank": cfg.data.max_tokens * t.accumulation,
             "max_steps": t.max_steps, "max_time": t.max_time,
@@ -106,10 +110,10 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
         sizes: dict[str, dict] = {}
         for variant in experiment.variants:
             for seed in experiment.seeds:
-                known = sizes.get(variant["name"], {}).get("parameters")
+                known = sizes.get(variant.name, {}).get("parameters")
                 cell = _cell_plan(experiment, dataset, variant, seed, root, known)
                 plan["cells"].append(cell)
-                sizes.setdefault(variant["name"], cell)
+                sizes.setdefault(variant.name, cell)
         log(f"{'variant':<14} {'arch':<8} {'parameters':>12} {'tokens/step/rank':>17} "
             f"{'max steps':>10} {'validate':>9} {'precision':>9}")
         for name, cell in sizes.items():

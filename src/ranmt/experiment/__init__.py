@@ -38,6 +38,7 @@ from ranmt.experiment.spec import (
     WORK_ENV,
     Dataset,
     Experiment,
+    Variant,
     _cell_dir,
     _check_variant_names,
     _run_dir,
@@ -46,7 +47,7 @@ from ranmt.experiment.spec import (
 )
 from ranmt.experiment.tables import build_tables, compare_over_seeds, significance_marks
 
-__all__ = ["CellInterrupted", "Dataset", "Experiment", "WORK_ENV", "adopt_cell",
+__all__ = ["CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV", "adopt_cell",
            "build_tables", "compare_over_seeds", "expected_cell_config", "find_reusable_cell",
            "find_warm_start", "load_experiment", "prepare_dataset", "run_cell",
            "run_experiment", "significance_marks", "warm_start", "write_comparison",
@@ -93,9 +94,9 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     durations, elsewhere = [], []
     for index, (dataset, variant, seed) in enumerate(selected, 1):
         data_dir = _prepare_once(dataset, root, log)
-        cell_dir = _cell_dir(experiment, dataset.name, variant["name"], seed)
+        cell_dir = _cell_dir(experiment, dataset.name, variant.name, seed)
         cell_file = cell_dir / "cell.json"
-        label = f"cell {index}/{len(selected)}: {dataset.name} / {variant['name']} / seed {seed}"
+        label = f"cell {index}/{len(selected)}: {dataset.name} / {variant.name} / seed {seed}"
         if cell_file.is_file():
             log(f"{label}: done, reusing {cell_file}")
             continue
@@ -116,7 +117,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 log(f"{label}: the same training as the finished cell {reusable[0]}, "
                     "reused (nothing trained)")
             else:
-                run_dir = _run_dir(experiment, dataset.name, variant["name"], seed)
+                run_dir = _run_dir(experiment, dataset.name, variant.name, seed)
                 if reuse_from and not step_checkpoints(run_dir):
                     found = _warm_start_if_possible(experiment, data_dir, variant, seed,
                                                     reuse_from, run_dir, log)

@@ -19,7 +19,7 @@ from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
-from ranmt.experiment.spec import Dataset, Experiment, _run_dir
+from ranmt.experiment.spec import Dataset, Experiment, Variant, _run_dir
 from ranmt.train import train
 from ranmt.translator import Translator
 
@@ -74,19 +74,19 @@ class CellInterrupted(KeyboardInterrupt):
     """Training stopped on a signal: the cell is saved for resume, not finished."""
 
 
-def _cell_config(experiment: Experiment, variant: dict, seed: int):
+def _cell_config(experiment: Experiment, variant: Variant, seed: int):
     """The training config of one cell: base config, grid overrides, variant, seed."""
-    overrides = {**experiment.overrides, **variant.get("overrides", {}),
+    overrides = {**experiment.overrides, **variant.overrides,
                  "train.seed": seed}
     return load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
 
 
-def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: dict,
+def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: Variant,
              seed: int, cell_dir: Path, log) -> dict:
     """Train (or resume) one cell, decode and score every test set; write cell.json."""
     cfg = _cell_config(experiment, variant, seed)
     started = time.monotonic()
-    run_dir = _run_dir(experiment, dataset.name, variant["name"], seed)
+    run_dir = _run_dir(experiment, dataset.name, variant.name, seed)
     summary = train(cfg, data_dir, run_dir)
     if str(summary.get("stop_reason", "")).endswith("received"):
         raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
@@ -110,7 +110,7 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
                        "sentences_per_s": len(hyps) / seconds,
                        "target_tokens_per_s": target_tokens / seconds})
         tests[test] = result
-    cell = {"dataset": dataset.name, "variant": variant["name"], "seed": seed,
+    cell = {"dataset": dataset.name, "variant": variant.name, "seed": seed,
             "checkpoint": str(translator.checkpoint_dir), "train": summary,
             "parameters": summary["parameters"], "tests": tests,
             "config": to_dict(translator.config),

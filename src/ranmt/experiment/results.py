@@ -44,7 +44,7 @@ def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [v["name"] for v in experiment.variants]
+    names = [v.name for v in experiment.variants]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     figure, axis = plt.subplots(figsize=(7, 4.5))
@@ -75,7 +75,7 @@ def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
     """Every finished cell of the grid on disk (written by any worker), in grid order."""
     cells = []
     for dataset, variant, seed in grid:
-        cell_file = _cell_dir(experiment, dataset.name, variant["name"], seed) / "cell.json"
+        cell_file = _cell_dir(experiment, dataset.name, variant.name, seed) / "cell.json"
         if cell_file.is_file():
             cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
     return cells

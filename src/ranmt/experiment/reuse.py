@@ -16,7 +16,7 @@ import torch
 from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
 from ranmt.config import decode_with, fill_config_from_data, to_dict
 from ranmt.experiment.cells import _cell_config
-from ranmt.experiment.spec import Dataset, Experiment, _source_run_dir
+from ranmt.experiment.spec import Dataset, Experiment, Variant, _source_run_dir
 from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
 
 # Prepared-data files that decide what a cell learns from (the tokenizers and the token
@@ -63,7 +63,7 @@ def _recorded_config(cell: dict) -> dict:
     return _comparable_config(cell["config"], precision)
 
 
-def expected_cell_config(experiment: Experiment, variant: dict, seed: int,
+def expected_cell_config(experiment: Experiment, variant: Variant, seed: int,
                          data_dir: Path) -> dict:
     """The config a cell of this grid would record in cell.json (see :func:`run_cell`):
     its training config with what ``data_dir`` decides filled in as training does, and
@@ -103,7 +103,7 @@ def _finished_cells(sources: list[Path], seed: int):
 
 
 def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
-                       variant: dict, seed: int, sources: list[Path],
+                       variant: Variant, seed: int, sources: list[Path],
                        log) -> tuple[Path, dict] | None:
     """A finished cell of another grid (its output folder in ``sources``) that is the very
     training this cell would run: same seed, same resolved config (training, model and
@@ -131,7 +131,7 @@ def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
     return None
 
 
-def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: dict,
+def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: Variant,
                cell_dir: Path) -> dict:
     """Copy a reusable cell (:func:`find_reusable_cell`) into this grid: its hypotheses for
     this dataset's test sets, its train.log and its cell.json, which names the source."""
@@ -142,7 +142,7 @@ def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: dict,
         tests[test] = {**cell["tests"][test], "hyp_file": str(cell_dir / f"{test}.hyp")}
     if (source_dir / "train.log").is_file():
         shutil.copyfile(source_dir / "train.log", cell_dir / "train.log")
-    adopted = {**cell, "dataset": dataset.name, "variant": variant["name"], "tests": tests,
+    adopted = {**cell, "dataset": dataset.name, "variant": variant.name, "tests": tests,
                "reused_from": str(source_dir)}
     (cell_dir / "cell.json").write_text(json.dumps(adopted, indent=1), encoding="utf-8")
     return adopted
@@ -178,7 +178,7 @@ def _warm_start_state(trainer: dict, validate_every: int) -> dict | None:
     return {**trainer, "validations": kept, "bad_validations": 0}
 
 
-def find_warm_start(experiment: Experiment, data_dir: Path, variant: dict, seed: int,
+def find_warm_start(experiment: Experiment, data_dir: Path, variant: Variant, seed: int,
                     sources: list[Path], log) -> tuple[Path, dict] | None:
     """A step checkpoint of another grid's cell that this cell's training passes through:
     same seed, same resolved config except the budget keys (``_BUDGET_KEYS``: e.g. the
@@ -236,7 +236,7 @@ def warm_start(checkpoint: Path, state: dict, cfg_dict: dict, run_dir: Path) -> 
                        "is above); this cell resumes from that checkpoint\n")
 
 
-def _warm_start_if_possible(experiment: Experiment, data_dir: Path, variant: dict, seed: int,
+def _warm_start_if_possible(experiment: Experiment, data_dir: Path, variant: Variant, seed: int,
                             sources: list[Path], run_dir: Path,
                             log) -> tuple[Path, dict] | None:
     """:func:`find_warm_start` and, where it finds a checkpoint, :func:`warm_start`;

@@ -34,12 +34,20 @@ class Dataset:
     task: str = "translation"
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One column of the tables: a name and the config overrides that make it."""
+
+    name: str
+    overrides: dict = field(default_factory=dict)
+
+
 @dataclass
 class Experiment:
     name: str
     out: Path
     datasets: list[Dataset]
-    variants: list[dict]
+    variants: list[Variant]
     seeds: list[int]
     baseline: str
     base_config: str | None
@@ -49,6 +57,10 @@ class Experiment:
     alpha: float = 0.05
     path: Path | None = None
     work: Path | None = None  # run folders outside ``out`` (--work / RANMT_WORK_DIR)
+
+    def __post_init__(self):
+        # a YAML mapping {name, overrides} becomes a Variant
+        self.variants = [v if isinstance(v, Variant) else Variant(**v) for v in self.variants]
 
 
 def load_experiment(path: str | Path) -> Experiment:
@@ -75,9 +87,14 @@ def load_experiment(path: str | Path) -> Experiment:
             datasets.append(Dataset(tests=dict(tests), **entry))
         except TypeError as err:
             raise ConfigError(f"{path}: dataset entry {entry.get('name')}: {err}") from None
-    names = [v.get("name") for v in raw["variants"]]
+    names = [v.get("name") if isinstance(v, dict) else None for v in raw["variants"]]
     if len(set(names)) != len(names) or None in names:
         raise ConfigError(f"{path}: every variant needs a unique name")
+    for entry in raw["variants"]:
+        if set(entry) - {"name", "overrides"}:
+            raise ConfigError(f"{path}: variant {entry['name']}: unknown key(s) "
+                              f"{sorted(set(entry) - {'name', 'overrides'})}; a variant has "
+                              "a name and overrides")
     baseline = raw.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"{path}: baseline '{baseline}' is not one of the variants {names}")
@@ -129,7 +146,7 @@ def _source_run_dir(source: Path, cell_dir: Path, work: Path | None) -> Path:
 
 def _check_variant_names(experiment: Experiment, option: str, requested: list[str] | None):
     """ConfigError when ``requested`` (the names given to ``option``) are not all variants."""
-    names = [v["name"] for v in experiment.variants]
+    names = [v.name for v in experiment.variants]
     unknown = sorted(set(requested or []) - set(names))
     if unknown:
         raise ConfigError(f"{option}: {unknown} not in the grid; its variants are {names}")
@@ -142,5 +159,5 @@ def _select(experiment: Experiment, grid: list, variants: list[str] | None,
     missing = sorted(set(seeds or []) - set(experiment.seeds))
     if missing:
         raise ConfigError(f"--seeds: {missing} not in the grid's seeds {experiment.seeds}")
-    return [(d, v, s) for d, v, s in grid if (not variants or v["name"] in variants)
+    return [(d, v, s) for d, v, s in grid if (not variants or v.name in variants)
             and (not seeds or s in seeds)]

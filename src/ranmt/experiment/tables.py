@@ -178,7 +178,7 @@ def _legend(alpha: float) -> list[str]:
 
 def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
     """results.md text and the results dict (with significance against the baseline)."""
-    names = [v["name"] for v in experiment.variants]
+    names = [v.name for v in experiment.variants]
     lines = [f"# Results: {experiment.name}", ""]
     results: dict = {"experiment": experiment.name, "alpha": experiment.alpha, "datasets": {}}
     for dataset in experiment.datasets:

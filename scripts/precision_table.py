@@ -2,9 +2,10 @@
 
 Reads the finished cells (``runs/DATASET/VARIANT/seedN/cell.json``) of an fp32 grid and a
 bf16 grid and prints, per variant, test set and metric, each grid's mean +- sample std over
-the seeds both grids have, the difference of the means, and whether the bf16 mean lies
-within the fp32 seeds' range (min..max) — the check the bf16 issue asks for before anything
-is trained in bf16 — and each bf16 cell's precision as its summary recorded it. (Training
+its seeds, the difference of the means, whether the bf16 mean lies within the fp32 seeds'
+range (min..max) — the check the bf16 issue asks for before anything is trained in bf16 —
+and, for the seeds both grids have, the same-seed differences; and each bf16 cell's
+precision as its summary recorded it. (Training
 speeds are not compared here: the grids ran at different times; see
 benchmarks/profile_train.py for side-by-side ratios.)
 
@@ -49,25 +50,30 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for variant in args.variants:
         full, half = cells(args.fp32_grid, variant), cells(args.bf16_grid, variant)
-        seeds = sorted(set(full) & set(half))
-        if not seeds:
-            print(f"{variant}: no seed finished in both grids")
+        if not full or not half:
+            print(f"{variant}: missing in one of the grids")
             continue
-        precisions = sorted({precision_of(half[s]) for s in seeds})
-        print(f"{variant}: seeds {seeds}; bf16 grid cells: {', '.join(precisions)}")
-        for test in full[seeds[0]]["tests"]:
+        shared = sorted(set(full) & set(half))
+        precisions = sorted({precision_of(cell) for cell in half.values()})
+        print(f"{variant}: fp32 seeds {sorted(full)}, bf16 seeds {sorted(half)}; bf16 grid "
+              f"cells: {', '.join(precisions)}")
+        first = next(iter(full.values()))
+        for test in first["tests"]:
             for key, label in METRICS:
-                if key not in full[seeds[0]]["tests"][test]:
+                if key not in first["tests"][test]:
                     continue
-                a = [full[s]["tests"][test][key] for s in seeds]
-                b = [half[s]["tests"][test][key] for s in seeds]
+                a = [cell["tests"][test][key] for cell in full.values()]
+                b = [cell["tests"][test][key] for cell in half.values()]
+                paired = [half[s]["tests"][test][key] - full[s]["tests"][test][key]
+                          for s in shared]
                 inside = min(a) <= statistics.mean(b) <= max(a)
                 rows.append(f"| {variant} | {test} | {label} | {mean_std(a)} | {mean_std(b)} | "
                             f"{statistics.mean(b) - statistics.mean(a):+.2f} | "
-                            f"{'yes' if inside else 'no'} |")
-    print("| variant | test set | metric | fp32 (mean ± std) | bf16 (mean ± std) | bf16 - fp32 "
-          "| bf16 mean within the fp32 seeds' range |")
-    print("|---|---|---|---|---|---|---|")
+                            f"{min(a):.2f}-{max(a):.2f}: {'yes' if inside else 'no'} | "
+                            + " ".join(f"{d:+.2f}" for d in paired) + " |")
+    print("| variant | test set | metric | fp32, all its seeds (mean ± std) | bf16 (mean ± std) "
+          "| bf16 - fp32 | fp32 seeds' range: bf16 mean inside? | same seed, bf16 - fp32 |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

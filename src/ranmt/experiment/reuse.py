@@ -70,7 +70,10 @@ def expected_cell_config(experiment: Experiment, variant: Variant, seed: int,
     the grid's decoding options."""
     cfg = _cell_config(experiment, variant, seed)
     fill_config_from_data(cfg, data_dir)
-    cfg.decode = decode_with(cfg.decode, **experiment.decode)
+    # the grid's decode options that are DecodeConfig fields (others, e.g. device, go to
+    # Translator.load and are not recorded in the config)
+    cfg.decode = decode_with(cfg.decode, **{key: value for key, value in experiment.decode.items()
+                                            if hasattr(cfg.decode, key)})
     try:
         precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))[0]
     except PrecisionError:

@@ -140,13 +140,8 @@ def _load_translator(args):
     for name in ("max_len_a", "max_len_b"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
-    if sampling:
-        from ranmt.sampling import Sampler
-
-        Sampler(sampling, _given(args.topk, 0), _given(args.topp, 0.9),
-                _given(args.epsilon, 0.02), _given(args.temperature, 1.0))  # validates
-    elif any(getattr(args, name, None) is not None
-             for name in ("topk", "topp", "epsilon", "temperature", "seed")):
+    if not sampling and any(getattr(args, name, None) is not None
+                            for name in ("topk", "topp", "epsilon", "temperature", "seed")):
         raise ValueError("--topk/--topp/--epsilon/--temperature/--seed go with --sampling")
     sampling_options = ({"sampling": sampling, "topk": args.topk, "topp": args.topp,
                          "epsilon": args.epsilon, "temperature": args.temperature,
@@ -161,10 +156,6 @@ def _load_translator(args):
     # A progress bar on stderr only where someone watches it: not into logs or pipes.
     translator.progress = not args.quiet and sys.stderr.isatty()
     return translator
-
-
-def _given(value, default):
-    return default if value is None else value
 
 
 def _args_translate(p: argparse.ArgumentParser) -> None:

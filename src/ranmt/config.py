@@ -646,6 +646,19 @@ def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
         cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
 
 
+def check_sampling(topk: int, topp: float, epsilon: float, temperature: float,
+                   prefix: str = "") -> None:
+    """The ranges of the sampling settings (``ranmt.sampling.Sampler`` and decode.*)."""
+    if topk < 0:
+        raise ConfigError(f"{prefix}topk must be >= 0 (0 = no cut), not {topk}")
+    if not 0.0 < topp <= 1.0:
+        raise ConfigError(f"{prefix}topp must be in (0, 1], not {topp}")
+    if not 0.0 <= epsilon < 1.0:
+        raise ConfigError(f"{prefix}epsilon must be in [0, 1), not {epsilon}")
+    if not temperature > 0.0:
+        raise ConfigError(f"{prefix}temperature must be > 0, not {temperature}")
+
+
 def validate_decode(d: DecodeConfig) -> None:
     """Check the decoding settings (ranges the field types do not constrain)."""
     check_choices(d, "decode.")
@@ -655,11 +668,7 @@ def validate_decode(d: DecodeConfig) -> None:
         raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
     if d.nbest < 1:
         raise ConfigError("decode.nbest (samples per input when sampling) must be >= 1")
-    if d.topk < 0 or not 0.0 < d.topp <= 1.0 or not 0.0 <= d.epsilon < 1.0:
-        raise ConfigError("decode.topk must be >= 0, decode.topp in (0, 1], decode.epsilon "
-                          "in [0, 1)")
-    if not d.temperature > 0.0:
-        raise ConfigError("decode.temperature must be > 0")
+    check_sampling(d.topk, d.topp, d.epsilon, d.temperature, "decode.")
     if d.max_len_a < 0 or d.max_len_b < 0:
         raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
     if d.batch_size < 1:

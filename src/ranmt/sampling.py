@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ranmt.config import check_sampling
 from ranmt.decode import greedy_search
 
 METHODS = ("topk", "topp", "eps")
@@ -48,14 +49,7 @@ class Sampler:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"unknown sampling method '{self.method}' ({' | '.join(METHODS)})")
-        if self.topk < 0:
-            raise ValueError(f"topk must be >= 0 (0 = no cut), not {self.topk}")
-        if not 0.0 < self.topp <= 1.0:
-            raise ValueError(f"topp must be in (0, 1], not {self.topp}")
-        if not 0.0 <= self.epsilon < 1.0:
-            raise ValueError(f"epsilon must be in [0, 1), not {self.epsilon}")
-        if not self.temperature > 0.0:
-            raise ValueError(f"temperature must be > 0, not {self.temperature}")
+        check_sampling(self.topk, self.topp, self.epsilon, self.temperature)
 
     def truncate(self, logprobs: Tensor) -> Tensor:
         """Log-probs (n, V) -> tempered, truncated log-weights (n, V) (-inf = never drawn)."""

@@ -1,0 +1,64 @@
+"""The ``ranmt`` command line: thin subcommands that call the library (DESIGN §1 contract).
+
+Each subcommand is a :class:`~ranmt.cli.common.Command` row of :data:`COMMANDS`, defined in
+the module of its kind — :mod:`.data` (download, prepare), :mod:`.training` (train,
+experiment, average), :mod:`.decoding` (translate, score, evaluate), :mod:`.checkpoints`
+(analyze, export, info), :mod:`.serving` (serve, benchmark) — where ``_args_NAME`` (its
+options) stands right above ``_cmd_NAME`` (its handler), which calls one library function.
+Errors the user can fix are printed as one line ``ranmt CMD: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ranmt.cli import checkpoints, data, decoding, serving, training
+from ranmt.cli.common import Command
+
+COMMANDS: tuple[Command, ...] = (
+    data.DOWNLOAD, data.PREPARE, training.TRAIN, decoding.TRANSLATE, decoding.SCORE,
+    decoding.EVALUATE, checkpoints.ANALYZE, training.EXPERIMENT, training.AVERAGE,
+    serving.BENCHMARK, serving.SERVE, checkpoints.EXPORT, checkpoints.INFO,
+)
+"""The subcommands, in the order ``ranmt --help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ranmt", description="Neural machine translation with pluggable attention: "
+        "Transformer, Recurrent Attention (RAN), hard-coded Gaussian, Random Synthesizer and "
+        "recurrent cross-attention.", epilog="Run `ranmt COMMAND --help` for a command's "
+        "options.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(func=command.run, **command.defaults)
+    return parser
+
+
+def _version() -> str:
+    from ranmt import __version__
+
+    return f"ranmt {__version__}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if os.environ.get("RANMT_DEBUG"):
+        args.func(args)
+        return
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
+        print(f"ranmt {args.command}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,116 @@
+"""What the subcommands share: the :class:`Command` row, messages, and the option groups of
+the decoding and scoring commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    """One subcommand: its options (``add_arguments``) stand beside its handler (``run``)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+    defaults: dict = {}
+
+
+def info(message: str) -> None:
+    """A progress or result message for the user: stderr, so stdout stays the output."""
+    print(message, file=sys.stderr)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """A progress bar on stderr only where someone watches it: not into logs or pipes."""
+    return not args.quiet and sys.stderr.isatty()
+
+
+def decode_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that loads a translator (translate, evaluate)."""
+    parser.add_argument("--checkpoint", required=True, action="append",
+                        help="run directory (its best checkpoint) or a checkpoint; repeat it "
+                             "to decode with an ensemble (the mean of the models' "
+                             "log-probabilities; same prepared data required)")
+    parser.add_argument("--beam", type=int, help="beam size (default from the config: 4)")
+    parser.add_argument("--lenpen", type=float, help="length penalty alpha (default 0.6)")
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (default 64)")
+    parser.add_argument("--max-len-a", type=float, help="max output length a*|src|+b: a")
+    parser.add_argument("--max-len-b", type=int, help="max output length a*|src|+b: b")
+    parser.add_argument("--truncate-long", action="store_true",
+                        help="truncate inputs longer than max_positions (with a warning) "
+                             "instead of failing")
+    parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8"],
+                        help="int8: int8 dynamic quantization of the linear layers (CPU only; "
+                             "faster, BLEU within a few tenths; default none)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: weights and activations in bf16, scores in fp32 (a GPU, "
+                             "or a CPU with AVX512-BF16/AMX; default fp32)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (shown on stderr when it is a terminal)")
+
+
+def load_translator(args: argparse.Namespace):
+    """The :class:`~ranmt.translator.Translator` that :func:`decode_options` (and, for
+    translate, the n-best and sampling options) describe, after checking their ranges."""
+    from ranmt.translator import Translator
+
+    if args.beam is not None and args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, not {args.beam}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, not {args.batch_size}")
+    nbest = getattr(args, "nbest", None)
+    sampling = getattr(args, "sampling", None)
+    if nbest is not None and nbest < 1:
+        raise ValueError("--nbest must be >= 1")
+    if nbest is not None and not sampling and nbest > (args.beam or 4):
+        raise ValueError("--nbest must be between 1 and the beam size (or the number of "
+                         "samples with --sampling)")
+    for name in ("max_len_a", "max_len_b"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
+    if not sampling and any(getattr(args, name, None) is not None
+                            for name in ("topk", "topp", "epsilon", "temperature", "seed")):
+        raise ValueError("--topk/--topp/--epsilon/--temperature/--seed go with --sampling")
+    sampling_options = ({"sampling": sampling, "topk": args.topk, "topp": args.topp,
+                         "epsilon": args.epsilon, "temperature": args.temperature,
+                         "seed": args.seed} if sampling else {})
+    checkpoints = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
+    translator = Translator.load(checkpoints, device=args.device, quantize=args.quantize,
+                                 precision=args.precision, beam=args.beam, lenpen=args.lenpen,
+                                 batch_size=args.batch_size,
+                                 max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+                                 nbest=nbest, truncate_long=True if args.truncate_long else None,
+                                 **sampling_options)
+    translator.progress = show_progress(args)
+    return translator
+
+
+def metric_options(parser: argparse.ArgumentParser) -> None:
+    """The metric choice of score and evaluate."""
+    from ranmt.evaluate import METRICS, TASK_METRICS
+
+    parser.add_argument("--metrics", nargs="+", choices=METRICS,
+                        help="metrics (default: the task's set)")
+    parser.add_argument("--task", default="translation", choices=sorted(TASK_METRICS),
+                        help="metric set: translation (bleu tok_bleu chrf ter), "
+                             "summarization (rouge1 rouge2 rougeL), dialogue (bleu rougeL)")
+    parser.add_argument("--compound-split", action="store_true",
+                        help="tok_bleu: split hyphenated compounds (##AT##-##AT##)")
+
+
+def chosen_metrics(args: argparse.Namespace) -> list[str]:
+    """``--metrics`` if given, else the ``--task``'s set."""
+    from ranmt.evaluate import TASK_METRICS
+
+    return list(args.metrics) if args.metrics else list(TASK_METRICS[args.task])
+
+
+def print_scores(result: dict, metrics: list[str], prefix: str = "") -> None:
+    """One line per metric: value and sacreBLEU signature."""
+    for metric in metrics:
+        print(f"{prefix}{metric.upper()} = {result[metric]:.2f}  ({result['signature'][metric]})")

@@ -1,0 +1,106 @@
+"""``ranmt serve`` and ``ranmt benchmark``: models behind HTTP, and their decoding and
+training speed side by side."""
+
+from __future__ import annotations
+
+import argparse
+
+from ranmt.cli.common import Command, info
+
+
+def _args_benchmark(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt benchmark``."""
+    p.add_argument("--checkpoint", action="append", help="trained system (repeatable)")
+    p.add_argument("--arch", action="append",
+                   help="freshly initialised system of --preset (repeatable)")
+    p.add_argument("--preset", default="small")
+    p.add_argument("--vocab-size", type=int, default=8000, help="vocabulary for --arch")
+    p.add_argument("--data", help="prepared data whose --split sources are decoded")
+    p.add_argument("--split", default="test")
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 50, 100])
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--beam", type=int, default=4, help="beam while varying the batch size")
+    p.add_argument("--batch", type=int, default=100, help="batch while varying the beam")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs (median) after warm-up")
+    p.add_argument("--train-tokens", type=int, default=4096, help="tokens per training batch")
+    p.add_argument("--no-train", action="store_true", help="decoding speed only")
+    p.add_argument("--fixed-length", type=int,
+                   help="every hypothesis exactly this many tokens (EOS suppressed before, "
+                        "forced at it): equal work for any two checkpoints, trained or not")
+    p.add_argument("--quantize", nargs="+", default=["none"], choices=["none", "int8", "bf16"],
+                   help="modes to measure: none (fp32), int8 (quantized copies, CPU), bf16 "
+                        "(bf16 copies for decoding, and bf16 training rows beside fp32's)")
+    p.add_argument("--out", default="benchmark", help="output directory")
+    p.add_argument("--device", default="auto")
+
+
+def _cmd_benchmark(args) -> None:
+    from ranmt.benchmark import run_benchmark
+
+    if args.repeats < 1 or args.sentences < 1:
+        raise ValueError("--repeats and --sentences must be >= 1")
+    run_benchmark(checkpoints=args.checkpoint or [], archs=args.arch or [], out=args.out,
+                  preset=args.preset, vocab_size=args.vocab_size, data=args.data,
+                  split=args.split, sentences=args.sentences, batch_sizes=args.batch_sizes,
+                  beams=args.beams, fixed_beam=args.beam, fixed_batch=args.batch,
+                  repeats=args.repeats, train_tokens=args.train_tokens,
+                  device_name=args.device, log=info, fixed_length=args.fixed_length,
+                  quantize=args.quantize, train=not args.no_train)
+
+
+def _args_serve(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt serve``."""
+    p.add_argument("--checkpoint", action="append", required=True,
+                   help="run or checkpoint to serve, optionally NAME=PATH (repeatable)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: weights and activations in bf16 (see translate --help)")
+    p.add_argument("--max-lines", type=int, default=64, help="lines per request")
+    p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
+    p.add_argument("--max-beam", type=int, default=16)
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long a batch collects concurrent requests")
+    p.add_argument("--max-batch-tokens", type=int, default=8000,
+                   help="source tokens per dynamic batch")
+    p.add_argument("--max-batch-lines", type=int, default=64,
+                   help="lines per dynamic batch (default 64, one decoding batch: a larger "
+                        "batch decodes no faster and delays every request in it)")
+    p.add_argument("--max-queued-tokens", type=int, default=32000,
+                   help="source tokens a model's queue may hold; beyond, requests get 503 "
+                        "with Retry-After at once (default 32000, four full batches)")
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="drop a request (504) whose batch has not started after this long; "
+                        "a request may ask for less with timeout_s (default 60)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
+                        "KEY the file's first line (or set $RANMT_API_KEY)")
+
+
+def _cmd_serve(args) -> None:
+    from ranmt.serve import ServeLimits, read_api_key, serve
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, not {args.port}")
+    if args.max_queued_tokens < 1 or args.request_timeout <= 0 or args.max_batch_lines < 1:
+        raise ValueError("--max-queued-tokens, --max-batch-lines and --request-timeout must "
+                         "be positive")
+    limits = ServeLimits(max_lines=args.max_lines, max_chars=args.max_chars,
+                         max_beam=args.max_beam, batch_window_ms=args.batch_window_ms,
+                         max_batch_tokens=args.max_batch_tokens,
+                         max_batch_lines=args.max_batch_lines,
+                         max_queued_tokens=args.max_queued_tokens,
+                         request_timeout_s=args.request_timeout)
+    serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits,
+          api_key=read_api_key(args.api_key_file), precision=args.precision)
+
+
+BENCHMARK = Command("benchmark", "decoding/training speed of systems, side by side",
+                    _args_benchmark, _cmd_benchmark)
+SERVE = Command("serve", "serve models over HTTP (translation API and the attention explorer "
+                         "at /)",
+                _args_serve, _cmd_serve)

@@ -1,0 +1,96 @@
+"""``ranmt train``, ``ranmt experiment`` and ``ranmt average``: one run, a grid of runs,
+and the average of a run's checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ranmt.cli.common import Command, info
+
+
+def _args_train(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt train``."""
+    p.add_argument("--data", required=True, help="prepared-data directory")
+    p.add_argument("--out", required=True, help="run directory (resumed when it exists)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def _cmd_train(args) -> None:
+    from ranmt.config import load_config
+    from ranmt.train import train
+
+    cfg = load_config(args.config, args.overrides)
+    summary = train(cfg, args.data, args.out)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
+        print(json.dumps(summary))
+
+
+def _args_experiment(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt experiment``."""
+    p.add_argument("config", help="experiment YAML (see configs/experiments/)")
+    p.add_argument("--out", help="output directory (default: the file's `out`)")
+    p.add_argument("--variants", nargs="+", metavar="NAME",
+                   help="run only these variants' cells (the tables still show every "
+                        "finished cell of the grid)")
+    p.add_argument("--seeds", nargs="+", type=int, metavar="N",
+                   help="run only these seeds' cells")
+    p.add_argument("--tables-only", action="store_true",
+                   help="train nothing: rewrite results.md/json from the finished cells")
+    p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
+                   help="output folders of other grids: a finished cell there that is the "
+                        "same training (seed, resolved config, identical prepared data) is "
+                        "copied instead of trained; a cell whose training only runs longer "
+                        "(or validates less often) than one there starts from its checkpoint")
+    p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
+                   help="also compare every variant against these variants of the grid "
+                        "(results.vs-NAME.md|json beside results.md; with --tables-only "
+                        "nothing is trained)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cells, resolved configs, parameter counts, tokens "
+                        "per step) and check every cell; train nothing")
+    p.add_argument("--work", metavar="DIR",
+                   help="keep the cells' run folders (checkpoints, trainer state) under "
+                        "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
+                        "that a stopped cell resumes from another checkout of the grid "
+                        "(default: $RANMT_WORK_DIR, else beside cell.json)")
+
+
+def _cmd_experiment(args) -> None:
+    from ranmt.experiment import run_experiment
+
+    if args.dry_run:
+        from ranmt.plan import plan_experiment
+
+        plan_experiment(args.config, out=args.out, log=print)
+        return
+    try:
+        run_experiment(args.config, log=info, out=args.out, variants=args.variants,
+                       seeds=args.seeds, tables_only=args.tables_only,
+                       reuse_from=args.reuse, baselines=args.baseline, work=args.work)
+    except KeyboardInterrupt as err:
+        info(f"interrupted: {err}" if str(err) else "interrupted")
+        raise
+
+
+def _args_average(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt average``."""
+    p.add_argument("--checkpoint", required=True, help="run directory")
+    p.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+
+
+def _cmd_average(args) -> None:
+    from ranmt.checkpoint import average_checkpoints
+
+    path = average_checkpoints(args.checkpoint, args.last, args.out)
+    info(f"wrote the average of the last {args.last} checkpoints to {path}")
+
+
+TRAIN = Command("train", "train a model", _args_train, _cmd_train)
+EXPERIMENT = Command("experiment", "run a grid of datasets x variants x seeds",
+                     _args_experiment, _cmd_experiment)
+AVERAGE = Command("average", "average the weights of a run's last K checkpoints",
+                  _args_average, _cmd_average)

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.serve import launch_server
+from ranmt.serve_launcher import launch_server
 from ranmt.translator import Translator
 
 MODES = {"dynamic": [], "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}

@@ -19,7 +19,8 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serve import ServeLimits, create_app, launch_server, model_names  # noqa: E402
+from ranmt.serve import ServeLimits, create_app, model_names  # noqa: E402
+from ranmt.serve_launcher import launch_server  # noqa: E402
 from ranmt.translator import Translator  # noqa: E402
 
 SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]

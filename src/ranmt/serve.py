@@ -7,7 +7,7 @@ Endpoints (bodies and bounds: :mod:`ranmt.serve_schema`, ``/openapi.json``, docs
   (``topk``/``topp``/``eps`` with ``topk``, ``topp``, ``epsilon``, ``temperature``,
   ``seed``) and ``timeout_s`` -> ``{"model": NAME, "translations": [...]}``, one entry per
   input line in input order: ``{"text", "score"}`` plus ``"nbest"`` when ``nbest`` > 1,
-  ``"alignment"`` and ``"attention"`` when asked (see :func:`attention_maps`).
+  ``"alignment"`` and ``"attention"`` when asked (``ranmt.analysis.maps``).
 * ``POST /score`` ``{"source": [...], "target": [...]}``: the model's log-probabilities of
   given translations (``ranmt.scoring``).
 * ``GET /models``, ``GET /health`` (alive), ``GET /ready`` (models loaded, workers running),
@@ -33,23 +33,17 @@ import contextlib
 import functools
 import hmac
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from ranmt.analysis.maps import attention_maps
 from ranmt.data.batching import pad_sources
-from ranmt.model import BOS_ID, component_weights
 from ranmt.scoring import word_alignment
 from ranmt.serve_batching import Batcher, QueueFullError, Work, wait_for_job
 from ranmt.serve_schema import (
@@ -124,40 +118,6 @@ def _score_model(max_lines: int, max_chars: int, timeout_s: float):
 def score_model(limits: ServeLimits):
     """The pydantic model of a ``/score`` body under ``limits``."""
     return _score_model(limits.max_lines, limits.max_chars, limits.request_timeout_s)
-
-
-# ------------------------------------------------------------------------------ attention
-
-
-def attention_maps(translator: Translator, src_ids: list[int], tgt_ids: list[int]) -> dict:
-    """The weights of one translation, teacher-forced on its output: per component a list
-    over layers of (H, queries, keys) nested lists (rounded to 4 decimals), with the tokens
-    that label the axes. Source keys: the source pieces and ``</s>``; target queries: the
-    output pieces and ``</s>`` (query i predicts output token i). Components: ``cross``,
-    ``encoder_self``, ``decoder_self`` (a layer without the component gives null). For
-    input-agnostic variants (RAN, Syn-R, hard-coded) the self-attention weights are the
-    layer's (softmaxed) matrix itself, cut to the sentence."""
-    model = translator.model
-    src = pad_sources([src_ids]).to(translator.device)  # (1, S) with EOS
-    tgt_in = torch.tensor([[BOS_ID] + tgt_ids], device=translator.device)  # (1, T)
-    with torch.inference_mode():
-        _, weights = model(src, tgt_in, need_weights=True)
-
-    def layers(items: list) -> list:
-        return [None if w is None else torch.round(w[0].float(), decimals=4).tolist()
-                for w in items]
-
-    src_pieces = translator.src_vocab.processor
-    tgt_pieces = translator.tgt_vocab.processor
-    cfg = translator.config.model
-    return {
-        "source_tokens": [src_pieces.id_to_piece(i) for i in src_ids] + ["</s>"],
-        "target_tokens": [tgt_pieces.id_to_piece(i) for i in tgt_ids] + ["</s>"],
-        **{name: layers(items) for name, items in component_weights(weights).items()},
-        "kinds": {"encoder_self": cfg.encoder.self_attention,
-                  "decoder_self": cfg.decoder.self_attention,
-                  "cross": cfg.decoder.cross_attention},
-    }
 
 
 # ------------------------------------------------------------------------------ batching
@@ -535,41 +495,6 @@ def _pieces(vocab, ids: list[int]) -> list[str]:
 
 def _finite(score: float) -> float | None:
     return score if score == score and abs(score) != float("inf") else None
-
-
-def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
-                  ) -> tuple[subprocess.Popen, str]:
-    """Start ``ranmt serve ARGS`` in a child process on a free loopback port and wait (up to
-    ``wait_s``) until it answers ``GET /health``. Returns (process, base URL); the caller
-    stops the process. For tests, load benchmarks and scripts that drive a real server.
-    ``env``: the child's environment (default: this process').
-
-    Raises ``RuntimeError`` (with the end of the server's error output) when the server
-    exits or does not answer in time; the process is then stopped."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    # stderr goes to a file, not a pipe that nobody would drain while the server runs; the
-    # child keeps its own handle when this one closes.
-    with tempfile.TemporaryFile() as errors:
-        process = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port",
-                                    str(port), *args], stdout=subprocess.DEVNULL, stderr=errors,
-                                   env=env)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
-                return process, url
-            except OSError:
-                time.sleep(0.1)
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        errors.seek(0)
-        tail = errors.read().decode("utf-8", "replace")[-2000:]
-    raise RuntimeError(f"`ranmt serve {' '.join(args)}` did not answer /health within "
-                       f"{wait_s:.0f} s (exit status {process.returncode}):\n{tail}")
 
 
 def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,

@@ -170,39 +170,111 @@ def model_names(checkpoints: list[str]) -> dict[str, str]:
     return names
 
 
+class _ServedModels:
+    """The loaded models, each with its :class:`Batcher`, the one decoding thread they share,
+    and the metrics: what every endpoint of :func:`create_app` works with."""
+
+    def __init__(self, translators: dict[str, Translator], limits: ServeLimits):
+        self.translators = translators
+        self.limits = limits
+        self.default = next(iter(translators))
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ranmt-decode")
+        self.batchers: dict[str, Batcher] = {}
+        self.workers: list[asyncio.Task] = []
+        self.metrics = ServeMetrics()
+
+    async def start(self) -> None:
+        """A batcher per model, one warm-up decoding each, then the batching workers."""
+        loop = asyncio.get_running_loop()
+        for name, translator in self.translators.items():
+            self.batchers[name] = Batcher(translator, self.limits, self.executor,
+                                          self.metrics, name)
+            # One decoding before serving: the first call's one-off costs (weight packing,
+            # allocator warm-up) are not paid by the first requests.
+            await loop.run_in_executor(self.executor, _warm_up, translator)
+        self.workers.extend(asyncio.create_task(b.run()) for b in self.batchers.values())
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.cancel()
+        self.executor.shutdown(wait=True)
+
+    def running(self) -> bool:
+        return bool(self.workers) and all(not worker.done() for worker in self.workers)
+
+    def pick(self, requested: str | None) -> tuple[str, Translator]:
+        """The model asked for; 404 if unknown, 503 at once if its queue is full."""
+        name = requested or self.default
+        if name not in self.translators:
+            raise RequestError(404, f"unknown model '{name}'; loaded: "
+                                    f"{sorted(self.translators)}")
+        try:
+            self.batchers[name].refuse_if_full()
+        except QueueFullError:
+            self.metrics.errors.labels(name, "overload").inc()
+            raise
+        return name, self.translators[name]
+
+    async def run_job(self, request: Request, name: str, ids: list[list[int]], work: Work,
+                      extras: list | None, timeout_s: float | None):
+        """Queue one request's lines with its model and wait: its results, or the
+        response for a client that left (499) or a failed decoding (500)."""
+        batcher = self.batchers[name]
+        errors = self.metrics.errors
+        try:
+            job = batcher.submit(ids, work, timeout_s or self.limits.request_timeout_s, extras)
+        except QueueFullError:
+            errors.labels(name, "overload").inc()
+            raise
+        batcher.in_flight += 1
+        try:
+            results = await wait_for_job(batcher, job, request.is_disconnected)
+        except RequestError as err:
+            errors.labels(name, "timeout" if err.status == 504 else "request").inc()
+            raise
+        except Exception as err:  # noqa: BLE001 (decoding failed: this request only)
+            return JSONResponse({"error": f"decoding failed: {type(err).__name__}: {err}"},
+                                status_code=500)
+        finally:
+            batcher.in_flight -= 1
+        if results is None:  # the client left before its batch started: nothing decoded
+            errors.labels(name, "disconnect").inc()
+            return Response(status_code=499)
+        return results
+
+
 def create_app(translators: dict[str, Translator], limits: ServeLimits | None = None,
                api_key: str | None = None):
     """The FastAPI application serving ``translators`` (name -> loaded model); with
     ``api_key`` every endpoint but ``/health`` requires ``Authorization: Bearer KEY``."""
     if not translators:
         raise ValueError("serve needs at least one model")
-    limits = limits or ServeLimits()
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                     thread_name_prefix="ranmt-decode")
-    batchers: dict[str, Batcher] = {}
-    workers: list[asyncio.Task] = []
-    metrics = ServeMetrics()
-    default_model = next(iter(translators))
+    served = _ServedModels(translators, limits or ServeLimits())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        loop = asyncio.get_running_loop()
-        for name, translator in translators.items():
-            batchers[name] = Batcher(translator, limits, executor, metrics, name)
-            # One decoding before serving: the first call's one-off costs (weight packing,
-            # allocator warm-up) are not paid by the first requests.
-            await loop.run_in_executor(executor, _warm_up, translator)
-        workers.extend(asyncio.create_task(b.run()) for b in batchers.values())
+        await served.start()
         yield
-        for worker in workers:
-            worker.cancel()
-        executor.shutdown(wait=True)
+        served.stop()
 
     app = FastAPI(title="ranmt", lifespan=lifespan,
                   description="Neural machine translation with pluggable attention. "
                               "Every refused request gets {\"error\": \"...\"}.")
-    _document_bodies(app, {"/translate": ("TranslateRequest", translate_model(limits)),
-                           "/score": ("ScoreRequest", score_model(limits))})
+    _document_bodies(app, {"/translate": ("TranslateRequest", translate_model(served.limits)),
+                           "/score": ("ScoreRequest", score_model(served.limits))})
+    _add_refusals_and_metrics(app, served.metrics, api_key)
+    _add_status_endpoints(app, served)
+    _add_work_endpoints(app, served)
+    static = Path(__file__).parent / "explorer"
+    if static.is_dir():
+        app.mount("/", StaticFiles(directory=static, html=True), name="explorer")
+    return app
+
+
+def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str | None) -> None:
+    """Refusals as ``{"error": ...}`` responses, the API key check, and per-endpoint request
+    counts and latencies."""
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, err: RequestError):
@@ -225,6 +297,11 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
         metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
         return response
 
+
+def _add_status_endpoints(app: FastAPI, served: _ServedModels) -> None:
+    """``GET /health``, ``/ready``, ``/metrics`` and ``/models``."""
+    translators, batchers, limits = served.translators, served.batchers, served.limits
+
     @app.get("/health")
     async def health() -> dict:
         """Alive: the process answers (with request and batch counters)."""
@@ -236,7 +313,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     @app.get("/ready")
     async def ready():
         """Ready: every model is loaded and its batching worker runs (else 503)."""
-        running = bool(workers) and all(not worker.done() for worker in workers)
+        running = served.running()
         body = {"ready": running, "models": list(batchers)}
         return JSONResponse(body, status_code=200 if running else 503)
 
@@ -244,11 +321,11 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     async def prometheus_metrics():
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(served.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/models")
     async def models() -> dict:
-        return {"default": default_model, "models": [
+        return {"default": served.default, "models": [
             {"name": name, "arch": t.config.model.arch,
              "max_positions": t.config.model.max_positions,
              "quantized": _quantized(t), "device": str(t.device)}
@@ -258,23 +335,28 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
                        "max_queued_tokens": limits.max_queued_tokens,
                        "request_timeout_s": limits.request_timeout_s}}
 
-    refusals = {
-        400: {"model": ErrorResponse, "description": "a field is wrong (named)"},
-        401: {"model": ErrorResponse, "description": "missing or wrong API key"},
-        404: {"model": ErrorResponse, "description": "unknown model"},
-        413: {"model": ErrorResponse, "description": "too many lines or characters"},
-        415: {"model": ErrorResponse, "description": "the body is not declared as JSON"},
-        503: {"model": ErrorResponse, "description": "the model's queue is full; see "
-                                                     "Retry-After"},
-        504: {"model": ErrorResponse, "description": "the batch had not started by the "
-                                                     "deadline"}}
+
+_REFUSALS = {
+    400: {"model": ErrorResponse, "description": "a field is wrong (named)"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "too many lines or characters"},
+    415: {"model": ErrorResponse, "description": "the body is not declared as JSON"},
+    503: {"model": ErrorResponse, "description": "the model's queue is full; see Retry-After"},
+    504: {"model": ErrorResponse, "description": "the batch had not started by the deadline"}}
+"""The refusals ``/translate`` and ``/score`` document in the OpenAPI schema."""
+
+
+def _add_work_endpoints(app: FastAPI, served: _ServedModels) -> None:
+    """``POST /translate`` and ``POST /score``: parsed, queued with their model, answered."""
+    limits = served.limits
 
     @app.post("/translate", response_model=None, responses={
         200: {"model": TranslateResponse, "description": "one translation per line"},
-        **refusals})
+        **_REFUSALS})
     async def translate(request: Request):
         parsed = await _read_body(request, limits, translate_model(limits))
-        name, translator = _pick_model(parsed.model)
+        name, translator = served.pick(parsed.model)
         ids = _source_ids(translator, parsed.text)
         prefixes = None
         if parsed.prefix is not None:
@@ -283,23 +365,24 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
             "sampling": parsed.sampling, "topk": parsed.topk, "topp": parsed.topp,
             "epsilon": parsed.epsilon, "temperature": parsed.temperature, "seed": parsed.seed}
         work = Work.translate(beam=parsed.beam, nbest=parsed.nbest, **sampling)
-        results = await run_job(request, name, ids, work, prefixes, parsed.timeout_s)
+        results = await served.run_job(request, name, ids, work, prefixes, parsed.timeout_s)
         if isinstance(results, Response):
             return results
         translations = await asyncio.get_running_loop().run_in_executor(
-            executor, _entries, translator, ids, results, parsed)
+            served.executor, _entries, translator, ids, results, parsed)
         return {"model": name, "translations": translations}
 
     @app.post("/score", response_model=None, responses={
         200: {"model": ScoreResponse, "description": "one score per (source, target) pair"},
-        **{code: refusals[code] for code in (400, 401, 404, 413, 415, 503, 504)}})
+        **_REFUSALS})
     async def score(request: Request):
         """The model's log-probabilities of given translations (teacher-forced)."""
         parsed = await _read_body(request, limits, score_model(limits))
-        name, translator = _pick_model(parsed.model)
+        name, translator = served.pick(parsed.model)
         ids = _source_ids(translator, parsed.source)
         targets = _target_ids(translator, parsed.target, "target")
-        results = await run_job(request, name, ids, Work("score"), targets, parsed.timeout_s)
+        results = await served.run_job(request, name, ids, Work("score"), targets,
+                                       parsed.timeout_s)
         if isinstance(results, Response):
             return results
         pieces = translator.tgt_vocab.processor.id_to_piece
@@ -309,49 +392,6 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
              "token_logprobs": pair.token_logprobs,
              "tokens": [pieces(i) for i in target] + ["</s>"]}
             for pair, target in zip(results, targets)]}
-
-    def _pick_model(requested: str | None) -> tuple[str, Translator]:
-        """The model asked for; 404 if unknown, 503 at once if its queue is full."""
-        name = requested or default_model
-        if name not in translators:
-            raise RequestError(404, f"unknown model '{name}'; loaded: {sorted(translators)}")
-        try:
-            batchers[name].refuse_if_full()
-        except QueueFullError:
-            metrics.errors.labels(name, "overload").inc()
-            raise
-        return name, translators[name]
-
-    async def run_job(request: Request, name: str, ids: list[list[int]], work: Work,
-                      extras: list | None, timeout_s: float | None):
-        """Queue one request's lines with its model and wait: its results, or the
-        response for a client that left (499) or a failed decoding (500)."""
-        batcher = batchers[name]
-        try:
-            job = batcher.submit(ids, work, timeout_s or limits.request_timeout_s, extras)
-        except QueueFullError:
-            metrics.errors.labels(name, "overload").inc()
-            raise
-        batcher.in_flight += 1
-        try:
-            results = await wait_for_job(batcher, job, request.is_disconnected)
-        except RequestError as err:
-            metrics.errors.labels(name, "timeout" if err.status == 504 else "request").inc()
-            raise
-        except Exception as err:  # noqa: BLE001 (decoding failed: this request only)
-            return JSONResponse({"error": f"decoding failed: {type(err).__name__}: {err}"},
-                                status_code=500)
-        finally:
-            batcher.in_flight -= 1
-        if results is None:  # the client left before its batch started: nothing decoded
-            metrics.errors.labels(name, "disconnect").inc()
-            return Response(status_code=499)
-        return results
-
-    static = Path(__file__).parent / "explorer"
-    if static.is_dir():
-        app.mount("/", StaticFiles(directory=static, html=True), name="explorer")
-    return app
 
 
 _ENDPOINTS = {"/translate", "/score", "/models", "/health", "/ready", "/metrics"}

@@ -10,7 +10,9 @@ batches, with the same beam size, length penalty and length cap, with
   with ``ranmt export --format ctranslate2`` (built in memory, written to ``--out``);
 * Hugging Face ``generate`` on the same checkpoint as a Marian model (``build_marian``; a
   post-norm TransF only: Marian is post-norm; skipped otherwise);
-* with ``--int8``: ranmt TransF/RAN-ALL with ``--quantize int8`` and CTranslate2 int8.
+* with ``--int8``: ranmt TransF/RAN-ALL with ``--quantize int8`` and CTranslate2 int8;
+* with ``--bf16`` (a CPU with native bf16): ranmt TransF/RAN-ALL with ``--precision bf16``,
+  against CTranslate2 int8 (its fastest CPU mode: it has no bf16 on a CPU) and fp32.
 
 ``--fixed-length L`` makes every hypothesis of every system exactly L tokens (ranmt:
 ``search(fixed_length=L)``; CTranslate2: ``min_decoding_length = max_decoding_length = L``;
@@ -45,7 +47,8 @@ sacreBLEU BLEU and chrF side by side. ``--ranmt-checkpoint`` reuses a ranmt chec
 trained that way (e.g. a grid cell's ``checkpoints/step_N``) instead of training one.
 
     python benchmarks/peers.py decode --transf RUN_T --ran RUN_R --data DATA \\
-        --split test_2016_flickr --fixed-length 30 --int8 --json decode.json --out benchmark/peers
+        --split test_2016_flickr --fixed-length 30 --int8 --bf16 --json decode.json \\
+        --out benchmark/peers
     python benchmarks/peers.py train --data DATA --out benchmark/peers
     python benchmarks/peers.py quality --data DATA --steps 1000 --out benchmark/peers-quality
 """
@@ -155,12 +158,16 @@ def _decode_systems(args, out: Path) -> dict:
 
     ct2_path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
     systems["CTranslate2 fp32"] = _ct2_system(transf, ct2_path, *settings, args.threads)
+    runs = {"TransF": args.transf, **({"RAN-ALL": args.ran} if args.ran else {})}
     if args.int8:
-        systems["ranmt TransF int8"] = _ranmt_system(
-            Translator.load(args.transf, device="cpu", quantize="int8"), *settings)
-        if args.ran:
-            systems["ranmt RAN-ALL int8"] = _ranmt_system(
-                Translator.load(args.ran, device="cpu", quantize="int8"), *settings)
+        for name, run in runs.items():
+            systems[f"ranmt {name} int8"] = _ranmt_system(
+                Translator.load(run, device="cpu", quantize="int8"), *settings)
+    if args.bf16:
+        for name, run in runs.items():
+            systems[f"ranmt {name} bf16"] = _ranmt_system(
+                Translator.load(run, device="cpu", precision="bf16"), *settings)
+    if args.int8 or args.bf16:
         systems["CTranslate2 int8"] = _ct2_system(transf, ct2_path, *settings, args.threads,
                                                   "int8")
     if not args.no_hf:
@@ -229,7 +236,13 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
     for mine, theirs in (("ranmt TransF", "CTranslate2 fp32"),
                          ("ranmt RAN-ALL", "CTranslate2 fp32"),
                          ("ranmt TransF int8", "CTranslate2 int8"),
-                         ("ranmt RAN-ALL int8", "CTranslate2 int8")):
+                         ("ranmt RAN-ALL int8", "CTranslate2 int8"),
+                         ("ranmt TransF bf16", "CTranslate2 int8"),
+                         ("ranmt RAN-ALL bf16", "CTranslate2 int8"),
+                         ("ranmt TransF bf16", "CTranslate2 fp32"),
+                         ("ranmt RAN-ALL bf16", "CTranslate2 fp32"),
+                         ("ranmt TransF bf16", "ranmt TransF"),
+                         ("ranmt RAN-ALL bf16", "ranmt RAN-ALL")):
         if mine in rows and theirs in rows:
             result.setdefault("ratios", {})[f"{mine} / {theirs}"] = (
                 rows[mine]["tokens_per_s"] / rows[theirs]["tokens_per_s"])
@@ -507,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
                         "suppressed before, forced at it): equal work whatever the model writes")
     p.add_argument("--int8", action="store_true",
                    help="also ranmt --quantize int8 and CTranslate2 int8")
+    p.add_argument("--bf16", action="store_true",
+                   help="also ranmt --precision bf16 (a CPU with native bf16) and "
+                        "CTranslate2 int8, its fastest CPU mode")
     p.add_argument("--no-hf", action="store_true", help="leave Hugging Face generate out")
     p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)

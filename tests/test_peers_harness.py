@@ -15,6 +15,7 @@ from conftest import tiny_config
 from ranmt.checkpoint import save_checkpoint
 from ranmt.data.corpus import load_meta
 from ranmt.model import build_model
+from ranmt.precision import cpu_bf16_support
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")
@@ -46,8 +47,8 @@ def _args(reverse_data, tmp_path, **overrides):
     values = dict(transf=str(_tiny_post_norm_checkpoint(reverse_data, tmp_path / "ckpt")),
                   ran=None, data=str(reverse_data), split="test", sentences=24, batch=8,
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
-                  out=str(tmp_path / "out"), fixed_length=None, int8=False, no_hf=False,
-                  json=None)
+                  out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
+                  no_hf=False, json=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -82,3 +83,20 @@ def test_peers_decode_fixed_length_is_exact_in_every_system(reverse_data, tmp_pa
     assert set(saved["tokens_per_s"]) == set(systems)
     assert saved["fixed_length"] == length
     assert "ranmt TransF int8 / CTranslate2 int8" in saved["ratios"]
+
+
+@pytest.mark.skipif(not cpu_bf16_support()[0], reason="needs a CPU with native bf16")
+def test_peers_decode_bf16_rows_against_ctranslate2_int8(reverse_data, tmp_path):
+    """--bf16: ranmt's bf16 decoding beside CTranslate2 int8 (added without --int8) and fp32,
+    with the ratios the issue asks for; at a fixed length every system writes L tokens."""
+    length = 7
+    result = _peers().decode(_args(reverse_data, tmp_path, fixed_length=length, bf16=True,
+                                   no_hf=True))
+    systems = result["systems"]
+    assert set(systems) == {"ranmt TransF", "CTranslate2 fp32", "ranmt TransF bf16",
+                            "CTranslate2 int8"}
+    for name, row in systems.items():
+        assert row["output_lengths"] == [length, length], name
+    for pair in ("ranmt TransF bf16 / CTranslate2 int8", "ranmt TransF bf16 / CTranslate2 fp32",
+                 "ranmt TransF bf16 / ranmt TransF"):
+        assert result["ratios"][pair] > 0, pair

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -187,63 +188,102 @@ def max_tokens_that_fit(model, sources, device: torch.device, limit: int = 1 << 
     return low
 
 
-def run_benchmark(checkpoints: list[str], archs: list[str], out: str | Path,
-                  preset: str = "small", vocab_size: int = 8000, data: str | None = None,
-                  split: str = "test", sentences: int = 200,
-                  batch_sizes=(1, 10, 50, 100), beams=(1, 2, 4, 8), fixed_beam: int = 4,
-                  fixed_batch: int = 100, repeats: int = 3, train_tokens: int = 4096,
-                  device_name: str = "auto", log=print, fixed_length: int | None = None,
-                  quantize: tuple[str, ...] | list[str] = ("none",), train: bool = True
-                  ) -> dict:
-    device = pick_device(device_name)
+@dataclass
+class BenchmarkSpec:
+    """What ``ranmt benchmark`` measures: one field per command-line option."""
+
+    checkpoints: list[str] = field(default_factory=list)
+    """Trained systems (runs or checkpoints)."""
+    archs: list[str] = field(default_factory=list)
+    """Freshly initialised systems of ``preset`` (registry names)."""
+    out: str | Path = "benchmark"
+    """Output folder: benchmark.json, benchmark.md, benchmark.png."""
+    preset: str = "small"
+    vocab_size: int = 8000
+    """Vocabulary of the ``archs`` systems."""
+    data: str | None = None
+    """Prepared data whose ``split`` sources are decoded (else random ids)."""
+    split: str = "test"
+    sentences: int = 200
+    batch_sizes: tuple[int, ...] = (1, 10, 50, 100)
+    """Batch sizes measured at ``fixed_beam``."""
+    beams: tuple[int, ...] = (1, 2, 4, 8)
+    """Beam sizes measured at ``fixed_batch``."""
+    fixed_beam: int = 4
+    fixed_batch: int = 100
+    repeats: int = 3
+    """Timed rounds (median) after one warm-up round."""
+    train_tokens: int = 4096
+    """Tokens per training batch of the training rows."""
+    device: str = "auto"
+    fixed_length: int | None = None
+    """Every hypothesis exactly this many tokens (equal work for any two systems)."""
+    quantize: tuple[str, ...] = ("none",)
+    """Modes: none (fp32), int8, bf16 (bf16 decoding copies and bf16 training rows)."""
+    train: bool = True
+    """Also measure training throughput."""
+
+
+def run_benchmark(spec: BenchmarkSpec, log=print) -> dict:
+    """Measure ``spec``'s systems side by side; write and return the results."""
+    device = pick_device(spec.device)
     if device.type == "cpu":
         from ranmt.memory import retain_freed_memory
 
         retain_freed_memory()  # as the trainer does
-    systems = load_systems(checkpoints, archs, preset, vocab_size, device, tuple(quantize))
-    sources = _inputs(systems, data, split, sentences, vocab_size)
+    systems = load_systems(spec.checkpoints, spec.archs, spec.preset, spec.vocab_size, device,
+                           tuple(spec.quantize))
+    sources = _inputs(systems, spec.data, spec.split, spec.sentences, spec.vocab_size)
     limit = min(cfg.model.max_positions for _, _, _, cfg in systems) - 1
     sources = [s[:limit] for s in sources if s]
-    settings = [("batch", b, fixed_beam) for b in batch_sizes] + \
-               [("beam", fixed_batch, k) for k in beams]
     results: dict = {"device": str(device), "torch": torch.__version__,
-                     "sentences": len(sources), "repeats": repeats, "decode": [],
-                     "fixed_length": fixed_length, "threads": torch.get_num_threads(),
+                     "sentences": len(sources), "repeats": spec.repeats, "decode": [],
+                     "fixed_length": spec.fixed_length, "threads": torch.get_num_threads(),
                      "train": {}, "systems": [label for label, *_ in systems]}
+    settings = [("batch", b, spec.fixed_beam) for b in spec.batch_sizes] + \
+               [("beam", spec.fixed_batch, k) for k in spec.beams]
     with torch.no_grad():
         for kind, batch, beam in settings:
-            samples: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in systems}
-            for repeat in range(repeats + 1):  # first round = warm-up
-                for label, _, model, cfg in systems:
-                    value = decode_speed(model, cfg, sources, batch, beam, device,
-                                         fixed_length)
-                    if repeat > 0:
-                        samples[label].append(value)
-            row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
-            first_runs = [v[0] for v in samples[systems[0][0]]]
-            for label, *_ in systems:
-                runs = [v[0] for v in samples[label]]
-                tok = statistics.median(runs)
-                sent = statistics.median(v[1] for v in samples[label])
-                row["systems"][label] = {
-                    "tokens_per_s": tok, "sentences_per_s": sent,
-                    "ratio": tok / statistics.median(first_runs), "runs_tokens_per_s": runs,
-                    # the ratio within each interleaved round: the noise the median hides
-                    "ratio_per_run": [a / b for a, b in zip(runs, first_runs)]}
+            row = _decode_row(systems, sources, kind, batch, beam, spec, device)
             results["decode"].append(row)
             log(f"decode batch {batch:>3} beam {beam}: " + "  ".join(
                 f"{label} {v['tokens_per_s']:,.0f} tok/s ({v['ratio']:.2f}x)"
                 for label, v in row["systems"].items()))
-    if train:
-        precisions = ("fp32", "bf16") if "bf16" in quantize else ("fp32",)
-        _train_rows(results, systems, sources, train_tokens, repeats, device, log, precisions)
-    out = Path(out)
+    if spec.train:
+        precisions = ("fp32", "bf16") if "bf16" in spec.quantize else ("fp32",)
+        _train_rows(results, systems, sources, spec.train_tokens, spec.repeats, device, log,
+                    precisions)
+    out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     _plot(results, out / "benchmark.png")
     (out / "benchmark.md").write_text(_table(results), encoding="utf-8")
     print(_table(results))
     return results
+
+
+def _decode_row(systems, sources: list[list[int]], kind: str, batch: int, beam: int,
+                spec: BenchmarkSpec, device: torch.device) -> dict:
+    """One decoding setting: every system ``spec.repeats`` times after a warm-up round,
+    interleaved; medians and ratios to the first system."""
+    samples: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in systems}
+    for repeat in range(spec.repeats + 1):  # first round = warm-up
+        for label, _, model, cfg in systems:
+            value = decode_speed(model, cfg, sources, batch, beam, device, spec.fixed_length)
+            if repeat > 0:
+                samples[label].append(value)
+    row = {"vary": kind, "batch": batch, "beam": beam, "systems": {}}
+    first_runs = [v[0] for v in samples[systems[0][0]]]
+    for label, *_ in systems:
+        runs = [v[0] for v in samples[label]]
+        tok = statistics.median(runs)
+        sent = statistics.median(v[1] for v in samples[label])
+        row["systems"][label] = {
+            "tokens_per_s": tok, "sentences_per_s": sent,
+            "ratio": tok / statistics.median(first_runs), "runs_tokens_per_s": runs,
+            # the ratio within each interleaved round: the noise the median hides
+            "ratio_per_run": [a / b for a, b in zip(runs, first_runs)]}
+    return row
 
 
 def _train_rows(results: dict, systems, sources, train_tokens: int, repeats: int,

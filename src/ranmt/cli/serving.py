@@ -36,17 +36,19 @@ def _args_benchmark(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_benchmark(args) -> None:
-    from ranmt.benchmark import run_benchmark
+    from ranmt.benchmark import BenchmarkSpec, run_benchmark
 
     if args.repeats < 1 or args.sentences < 1:
         raise ValueError("--repeats and --sentences must be >= 1")
-    run_benchmark(checkpoints=args.checkpoint or [], archs=args.arch or [], out=args.out,
-                  preset=args.preset, vocab_size=args.vocab_size, data=args.data,
-                  split=args.split, sentences=args.sentences, batch_sizes=args.batch_sizes,
-                  beams=args.beams, fixed_beam=args.beam, fixed_batch=args.batch,
-                  repeats=args.repeats, train_tokens=args.train_tokens,
-                  device_name=args.device, log=info, fixed_length=args.fixed_length,
-                  quantize=args.quantize, train=not args.no_train)
+    spec = BenchmarkSpec(checkpoints=args.checkpoint or [], archs=args.arch or [], out=args.out,
+                         preset=args.preset, vocab_size=args.vocab_size, data=args.data,
+                         split=args.split, sentences=args.sentences,
+                         batch_sizes=tuple(args.batch_sizes), beams=tuple(args.beams),
+                         fixed_beam=args.beam, fixed_batch=args.batch, repeats=args.repeats,
+                         train_tokens=args.train_tokens, device=args.device,
+                         fixed_length=args.fixed_length, quantize=tuple(args.quantize),
+                         train=not args.no_train)
+    run_benchmark(spec, log=info)
 
 
 def _args_serve(p: argparse.ArgumentParser) -> None:

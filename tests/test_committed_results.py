@@ -1,0 +1,47 @@
+"""The committed grids' tables rebuild byte for byte: ``ranmt experiment GRID --tables-only``
+over a copy of a ``docs/results`` folder (its cell.json files and hypotheses as committed)
+writes results.md and every results.vs-NAME.md identical to the committed ones.
+
+Slow (each grid prepares Multi30k and bootstraps its significance again); needs Multi30k
+under ``$RANMT_DATA_DIR``. results.json is not compared: it records the commit it was
+written at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ranmt.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+GRIDS = sorted(path.parent.name for path in RESULTS.glob("*/results.json"))
+
+
+def _baselines(folder: Path) -> list[str]:
+    """The extra baselines the folder's tables were written against (results.vs-NAME.md)."""
+    return sorted(path.name[len("results.vs-"):-len(".md")]
+                  for path in folder.glob("results.vs-*.md"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grid", GRIDS)
+def test_committed_tables_rebuild_byte_identical(grid, tmp_path, monkeypatch):
+    if not (Path(os.environ.get("RANMT_DATA_DIR", "")) / "multi30k").is_dir():
+        pytest.skip("needs Multi30k under $RANMT_DATA_DIR")
+    monkeypatch.delenv("RANMT_WORK_DIR", raising=False)
+    committed = RESULTS / grid
+    experiment_file = json.loads((committed / "results.json").read_text())["experiment_file"]
+    copy = tmp_path / grid
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*.png", "results*"))
+    baselines = _baselines(committed)
+    main(["experiment", str(ROOT / experiment_file), "--out", str(copy), "--tables-only",
+          *(["--baseline", *baselines] if baselines else [])])
+    for name in ["results.md"] + [f"results.vs-{baseline}.md" for baseline in baselines]:
+        assert (copy / name).read_text(encoding="utf-8") == \
+            (committed / name).read_text(encoding="utf-8"), f"{grid}/{name}"

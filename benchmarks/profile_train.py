@@ -8,11 +8,15 @@ steps of each and writes the per-op tables (self CPU time) to ``--out``.
 
 Precision modes: ``fp32``; ``bf16-autocast`` (``torch.autocast("cpu", torch.bfloat16)``
 around the forward); and ``bf16`` (what the trainer does: the same autocast with bf16
-residual streams, ``ranmt.precision.bf16_activations``). All modes use the trainer's fused
+residual streams, ``ranmt.precision.bf16_activations``). ``--compile`` adds
+``fp32-compiled`` and ``bf16-compiled``: the same steps with the model's forward through
+``torch.compile`` (inductor; backward by AOTAutograd), as ``train.compile=true`` does; the
+one-off compile time (the warm-up steps) is printed apart. All modes use the trainer's fused
 loss (``ranmt.loss``) and, unless ``--default-allocator``, its malloc tuning
 (``ranmt.memory``).
 
     python benchmarks/profile_train.py --arch transf ran-all --out docs/performance
+    python benchmarks/profile_train.py --arch transf ran-all --compile --no-profile
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ranmt.precision import bf16_activations
 from ranmt.train import label_smoothed_loss
 
 MODES = ("fp32", "bf16-autocast", "bf16")
+COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
 
 
 def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0):
@@ -41,18 +46,20 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
                              "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
     torch.manual_seed(seed)
     model = build_model(cfg.model).train()
+    precision = mode.removesuffix("-compiled")
+    forward = torch.compile(model) if mode.endswith("-compiled") else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(4, vocab, (sentences, length), generator=gen)
     tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    autocast = mode != "fp32"
+    autocast = precision != "fp32"
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-                bf16_activations(mode == "bf16"):
-            logits = model(src, tgt_in)
+                bf16_activations(precision == "bf16"):
+            logits = forward(src, tgt_in)
         loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
         (loss / tgt_out.numel()).backward()
         optimizer.step()
@@ -61,20 +68,24 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     return step
 
 
-def time_modes(arch: str, args) -> dict[str, float]:
-    """Median seconds per step of each mode, repetitions interleaved across modes."""
+def time_modes(arch: str, modes: tuple[str, ...], args) -> tuple[dict[str, float], dict]:
+    """Median seconds per step of each mode, repetitions interleaved across modes, and the
+    seconds of each mode's two warm-up steps (a compiled mode compiles in them)."""
     steps = {mode: make_step(arch, mode, args.sentences, args.length, args.vocab)
-             for mode in MODES}
-    for step in steps.values():  # warm-up (allocator, oneDNN kernels)
+             for mode in modes}
+    warm_up = {}
+    for mode, step in steps.items():  # warm-up (allocator, oneDNN kernels, compilation)
+        start = time.perf_counter()
         step()
         step()
-    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+        warm_up[mode] = time.perf_counter() - start
+    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
     for _ in range(args.repeats):
         for mode, step in steps.items():
             start = time.perf_counter()
             step()
             seconds[mode].append(time.perf_counter() - start)
-    return {mode: statistics.median(values) for mode, values in seconds.items()}
+    return {mode: statistics.median(values) for mode, values in seconds.items()}, warm_up
 
 
 def profile_mode(arch: str, mode: str, args) -> str:
@@ -97,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=30)
     p.add_argument("--out", help="write the per-op tables here (profile_train_ARCH_MODE.txt)")
     p.add_argument("--no-profile", action="store_true", help="timings only")
+    p.add_argument("--compile", action="store_true",
+                   help="also time fp32 and bf16 steps through torch.compile")
     p.add_argument("--default-allocator", action="store_true",
                    help="leave glibc's malloc as it is (the trainer tunes it, ranmt.memory)")
     args = p.parse_args(argv)
@@ -105,13 +118,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch "
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")
-    print("| arch | " + " | ".join(f"{m} s/step" for m in MODES)
-          + " | bf16-autocast / fp32 | bf16 / fp32 |")
-    print("|---" * (len(MODES) + 3) + "|")
+    modes = MODES + (COMPILED_MODES if args.compile else ())
+    faster = modes[1:]
+    print("| arch | " + " | ".join(f"{m} s/step" for m in modes) + " | "
+          + " | ".join(f"{m} / fp32" for m in faster) + " |")
+    print("|---" * (1 + len(modes) + len(faster)) + "|")
     for arch in args.arch:
-        t = time_modes(arch, args)
-        print(f"| {arch} | " + " | ".join(f"{t[m]:.3f}" for m in MODES)
-              + f" | {t['fp32'] / t['bf16-autocast']:.2f}x | {t['fp32'] / t['bf16']:.2f}x |")
+        t, warm_up = time_modes(arch, modes, args)
+        print(f"| {arch} | " + " | ".join(f"{t[m]:.3f}" for m in modes) + " | "
+              + " | ".join(f"{t['fp32'] / t[m]:.2f}x" for m in faster) + " |")
+        if args.compile:
+            print(f"  {arch} warm-up (2 steps, compilation included): " + ", ".join(
+                f"{m} {warm_up[m]:.1f} s" for m in modes))
     if args.no_profile:
         return
     for arch in args.arch:

@@ -4,7 +4,9 @@ writes results.md and every results.vs-NAME.md identical to the committed ones.
 
 Slow (each grid prepares Multi30k and bootstraps its significance again); needs Multi30k
 under ``$RANMT_DATA_DIR``. results.json is not compared: it records the commit it was
-written at.
+written at. Folders written before the one significance rule (their results.json has no
+``alpha``: the equal-time history of RESULTS.md, whose single-run † meant p < 0.01 and whose
+grid file has changed since) are kept as they were written and skipped here.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def test_committed_tables_rebuild_byte_identical(grid, tmp_path, monkeypatch):
         pytest.skip("needs Multi30k under $RANMT_DATA_DIR")
     monkeypatch.delenv("RANMT_WORK_DIR", raising=False)
     committed = RESULTS / grid
-    experiment_file = json.loads((committed / "results.json").read_text())["experiment_file"]
+    recorded = json.loads((committed / "results.json").read_text(encoding="utf-8"))
+    if "alpha" not in recorded:
+        pytest.skip(f"{grid} was written before the one significance rule (history)")
+    experiment_file = recorded["experiment_file"]
     copy = tmp_path / grid
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*.png", "results*"))
     baselines = _baselines(committed)

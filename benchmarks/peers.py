@@ -23,6 +23,10 @@ outputs of the model. ``--batch 1`` gives interactive latency (``ms_per_sentence
 "ms_per_sentence": {...}, "ratios": {...}, "systems": {...}, ...}``.
 
 Systems run interleaved, in a rotating order, ``--repeats`` times after a warm-up round;
+each system and round runs in a fresh process (``--one-process``: all in this one; biased:
+once CTranslate2 has run with 2 threads, PyTorch's 2-thread matrix products in the same
+process take ~1.5x as long — two copies of libgomp competing — which slowed ranmt in the
+one-process comparisons in docs/PERFORMANCE.md measured before 2026-11-24);
 the median tokens/s (generated target tokens incl. EOS) is reported with the ratio to ranmt
 TransF, and each peer's share of outputs identical to ranmt TransF's shows that all decoded
 the same model with the same settings. Length penalty: score / |Y|^alpha for every system
@@ -62,6 +66,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -142,57 +147,63 @@ def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int,
     return run
 
 
-def _decode_systems(args, out: Path) -> dict:
-    """name -> run(batch of source ids) -> best hypotheses, for every system measured."""
+def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
+    """name -> builder of run(batch of source ids) -> best hypotheses, for every system
+    measured, in the tables' order (a builder returns None for a system that cannot run),
+    and the TransF translator whose vocabulary encodes the sources. Nothing is built or run
+    here: a process that measures one system (``--only``) builds that one alone."""
     transf = Translator.load(args.transf, device="cpu")
     settings = (args.beam, args.lenpen, args.max_len, args.fixed_length)
-    systems = {"ranmt TransF": _ranmt_system(transf, *settings)}
-    ran = None
     if args.ran:
-        ran = Translator.load(args.ran, device="cpu")
-        if ran.src_vocab.processor.serialized_model_proto() != \
+        ran_vocab = Translator.load(args.ran, device="cpu").src_vocab.processor
+        if ran_vocab.serialized_model_proto() != \
                 transf.src_vocab.processor.serialized_model_proto():
             raise SystemExit("--ran and --transf must share the source vocabulary")
-        systems["ranmt RAN-ALL"] = _ranmt_system(ran, *settings)
-    from ranmt.export import export_ctranslate2
 
-    ct2_path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
-    systems["CTranslate2 fp32"] = _ct2_system(transf, ct2_path, *settings, args.threads)
+    def ct2(compute_type: str):
+        from ranmt.export import export_ctranslate2
+
+        path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
+        return _ct2_system(transf, path, *settings, args.threads, compute_type)
+
+    def ranmt(run: str, **options):
+        return lambda: _ranmt_system(Translator.load(run, device="cpu", **options), *settings)
+
     runs = {"TransF": args.transf, **({"RAN-ALL": args.ran} if args.ran else {})}
+    builders = {f"ranmt {name}": ranmt(run) for name, run in runs.items()}
+    builders["CTranslate2 fp32"] = lambda: ct2("float32")
     if args.int8:
-        for name, run in runs.items():
-            systems[f"ranmt {name} int8"] = _ranmt_system(
-                Translator.load(run, device="cpu", quantize="int8"), *settings)
+        builders.update({f"ranmt {name} int8": ranmt(run, quantize="int8")
+                         for name, run in runs.items()})
     if args.bf16:
-        for name, run in runs.items():
-            systems[f"ranmt {name} bf16"] = _ranmt_system(
-                Translator.load(run, device="cpu", precision="bf16"), *settings)
+        builders.update({f"ranmt {name} bf16": ranmt(run, precision="bf16")
+                         for name, run in runs.items()})
     if args.int8 or args.bf16:
-        systems["CTranslate2 int8"] = _ct2_system(transf, ct2_path, *settings, args.threads,
-                                                  "int8")
+        builders["CTranslate2 int8"] = lambda: ct2("int8")
     if not args.no_hf:
-        hf = _hf_system(transf, *settings)
-        if hf is not None:
-            systems["HF generate"] = hf
-    return systems, transf
+        builders["HF generate"] = lambda: _hf_system(transf, *settings)
+    return builders, transf
 
 
-def decode(args) -> dict:
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    systems, transf = _decode_systems(args, out)
+def _source_batches(args, transf: Translator) -> tuple[list[list[int]], list]:
+    """The split's source ids and their length-sorted batches (the same for every system)."""
     sentences = raw_text(args.data, args.split, "src")[:args.sentences]
     ids = [s for s in transf.src_vocab.encode(sentences) if s]
     lengths = np.array([len(s) for s in ids])
     batches = [[ids[i] for i in rows]
                for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
+    return ids, batches
+
+
+def _time_systems(systems: dict, batches: list, repeats: int, label: str = "") -> tuple:
+    """Every system ``repeats`` times after a warm-up round, in a rotating order: per system
+    its tokens/s and seconds per timed round, and its outputs."""
     samples: dict[str, list[float]] = {name: [] for name in systems}
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     names = list(systems)
     with torch.inference_mode():
-        for repeat in range(args.repeats + 1):  # round 0 = warm-up
+        for repeat in range(repeats + 1):  # round 0 = warm-up
             for shift in range(len(names)):  # a rotating order: no system always goes first
                 name = names[(repeat + shift) % len(names)]
                 start = time.perf_counter()
@@ -202,8 +213,73 @@ def decode(args) -> dict:
                 if repeat:
                     samples[name].append(sum(len(h) + 1 for h in hyps) / elapsed)
                     seconds[name].append(elapsed)
-                print(f"round {repeat}: {name} {elapsed:.2f} s", file=sys.stderr)
-    result = _decode_result(args, ids, systems, samples, seconds, outputs)
+                print(f"{label}round {repeat}: {name} {elapsed:.2f} s", file=sys.stderr)
+    return samples, seconds, outputs
+
+
+def _child_argv(args, name: str, child_out: Path) -> list[str]:
+    """The command measuring system ``name`` alone in a fresh process (one timed round)."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "decode", "--transf", args.transf,
+            "--data", args.data, "--split", args.split, "--sentences", str(args.sentences),
+            "--batch", str(args.batch), "--beam", str(args.beam), "--lenpen", str(args.lenpen),
+            "--max-len", str(args.max_len), "--threads", str(args.threads), "--out", args.out,
+            "--repeats", "1", "--only", name, "--child-out", str(child_out)]
+    argv += ["--ran", args.ran] if args.ran else []
+    argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
+    return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
+                                         ("--no-hf", args.no_hf)) if on]
+
+
+def _time_isolated(args, names: list[str]) -> tuple:
+    """Like :func:`_time_systems`, but every system and round in a fresh process (rotating
+    order; each process decodes a warm-up round, then the timed one). In one process,
+    PyTorch's and CTranslate2's OpenMP runtimes (two copies of libgomp) slow each other:
+    once CTranslate2 has run with 2 threads, PyTorch's 2-thread products take ~1.5x as long
+    for the rest of the process."""
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    outputs: dict[str, list[list[int]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        child_out = Path(tmp) / "child.json"
+        for repeat in range(args.repeats):
+            for shift in range(len(names)):
+                name = names[(repeat + shift) % len(names)]
+                subprocess.run(_child_argv(args, name, child_out), check=True)
+                child = json.loads(child_out.read_text(encoding="utf-8"))
+                if child["skipped"]:
+                    continue
+                samples[name] += child["samples"]
+                seconds[name] += child["seconds"]
+                outputs[name] = child["outputs"]
+    skipped = [name for name in names if not samples[name]]
+    for name in skipped:
+        del samples[name], seconds[name]
+    return samples, seconds, outputs
+
+
+def decode(args) -> dict:
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    builders, transf = _decode_systems(args, out)
+    if args.only:  # a child of an isolated run: one system, its numbers to --child-out
+        built = builders[args.only]()
+        _, batches = _source_batches(args, transf)
+        timed = _time_systems({args.only: built}, batches, args.repeats, f"[{args.only}] ") \
+            if built is not None else ({}, {}, {})
+        Path(args.child_out).write_text(json.dumps(
+            {"skipped": built is None, "samples": timed[0].get(args.only),
+             "seconds": timed[1].get(args.only), "outputs": timed[2].get(args.only)}),
+            encoding="utf-8")
+        return {}
+    ids, batches = _source_batches(args, transf)
+    if args.isolate:
+        samples, seconds, outputs = _time_isolated(args, list(builders))
+    else:
+        systems = {name: build() for name, build in builders.items()}
+        systems = {name: run for name, run in systems.items() if run is not None}
+        samples, seconds, outputs = _time_systems(systems, batches, args.repeats)
+    result = _decode_result(args, ids, list(samples), samples, seconds, outputs)
     table = _decode_table(args, result)
     print(table)
     (out / "decode.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
@@ -526,6 +602,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-hf", action="store_true", help="leave Hugging Face generate out")
     p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--one-process", dest="isolate", action="store_false",
+                   help="measure every system in this process (faster, but biased: "
+                        "CTranslate2's and PyTorch's OpenMP runtimes slow each other); by "
+                        "default each system and round runs in a fresh process")
+    p.add_argument("--only", help=argparse.SUPPRESS)  # a child of an isolated run: this system
+    p.add_argument("--child-out", help=argparse.SUPPRESS)  # ... and its numbers here
     p.set_defaults(func=decode)
     p = sub.add_parser("train", help="ranmt vs Joey NMT training throughput")
     p.add_argument("--data", required=True, help="prepared data directory (joint vocab)")

@@ -48,7 +48,7 @@ def _args(reverse_data, tmp_path, **overrides):
                   ran=None, data=str(reverse_data), split="test", sentences=24, batch=8,
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
-                  no_hf=False, json=None)
+                  no_hf=False, json=None, isolate=False, only=None, child_out=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -100,3 +100,17 @@ def test_peers_decode_bf16_rows_against_ctranslate2_int8(reverse_data, tmp_path)
     for pair in ("ranmt TransF bf16 / CTranslate2 int8", "ranmt TransF bf16 / CTranslate2 fp32",
                  "ranmt TransF bf16 / ranmt TransF"):
         assert result["ratios"][pair] > 0, pair
+
+
+def test_peers_decode_isolated_processes_give_the_same_outputs(reverse_data, tmp_path):
+    """--isolate: each system and round in its own process; the same outputs (and systems)
+    as the one-process measurement, with one timed sample per round."""
+    peers = _peers()
+    together = peers.decode(_args(reverse_data, tmp_path, no_hf=True, repeats=1))
+    apart = peers.decode(_args(reverse_data, tmp_path, no_hf=True, repeats=2, isolate=True))
+    assert set(apart["systems"]) == set(together["systems"]) == {"ranmt TransF",
+                                                                   "CTranslate2 fp32"}
+    for name, row in apart["systems"].items():
+        assert len(row["samples"]) == 2, name
+        assert row["same_output_as_ranmt_transf"] == 1.0, name
+        assert row["output_lengths"] == together["systems"][name]["output_lengths"], name

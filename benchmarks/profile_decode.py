@@ -9,6 +9,11 @@ measurement.
 
     python benchmarks/profile_decode.py --checkpoint RUN_TRANSF --checkpoint RUN_RAN_ALL \\
         --data DATA --split test_2016_flickr --sentences 200
+
+``--precision bf16`` / ``int8`` profile the bf16 or int8-quantized decoder (a checkpoint may
+be given once per precision with ``--precision`` listing several: every checkpoint is
+profiled in each); ``--fixed-length 30`` makes every hypothesis 30 tokens long, as in the
+speed comparisons against CTranslate2.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", action="store_true",
                         help="profile the reference searches with PyTorch's default matrix "
                              "products (the decoder before the fast path), for before/after")
+    parser.add_argument("--precision", nargs="+", default=["fp32"],
+                        choices=["fp32", "bf16", "int8"],
+                        help="decoder precision(s) to profile, each checkpoint in each")
+    parser.add_argument("--fixed-length", type=int, default=None,
+                        help="every hypothesis exactly this many tokens (EOS forced there)")
     args = parser.parse_args(argv)
     if args.reference:
         from ranmt import packed
@@ -101,21 +111,29 @@ def main(argv: list[str] | None = None) -> None:
     batches = [pad_sources([sources[i] for i in rows])
                for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
     totals = {}
-    for checkpoint in args.checkpoint:
-        translator = Translator.load(checkpoint, device="cpu")
+    systems = [(checkpoint, precision) for precision in args.precision
+               for checkpoint in args.checkpoint]
+    for checkpoint, precision in systems:
+        translator = Translator.load(checkpoint, device="cpu",
+                                     quantize="int8" if precision == "int8" else "none",
+                                     precision="bf16" if precision == "bf16" else "fp32")
         model, cfg = translator.model.eval(), translator.config
         label_parts(model)
-        name = f"{cfg.model.arch}:{checkpoint}"
+        name = f"{cfg.model.arch} {precision}:{checkpoint}"
+
+        def decode(src):
+            return search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1,
+                          fixed_length=args.fixed_length, reference=args.reference)
+
         with torch.inference_mode():
             for src in batches:  # warm-up (RAN's inference matrices, allocator)
-                search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1, reference=args.reference)
+                decode(src)
             tokens = 0  # generated target tokens incl. EOS (the systems' lengths differ)
             start = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for src in batches:
                     with record_function("beam_search"):
-                        hyps = search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1,
-                                      reference=args.reference)
+                        hyps = decode(src)
                     tokens += sum(len(h[0][0]) + 1 for h in hyps)
             seconds = time.perf_counter() - start
         events = prof.key_averages()

@@ -42,6 +42,7 @@ RanTransition = Literal["paper", "no_ln_res", "released_code", "released_tanh",
                         "released_relu", "released_ln_ffn"]
 RanInit = Literal["xavier_whole", "xavier_per_head"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+DropoutMasks = Literal["torch", "fast"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
 RAN_TRANSITIONS: tuple[str, ...] = typing.get_args(RanTransition)
@@ -240,7 +241,12 @@ class TrainConfig:
     patience: int = 0
     """Early stopping: validations without improvement before stopping (0 = off)."""
     precision: Precision = "auto"
-    """fp32 | bf16 | fp16 | auto (bf16 on CUDA when supported, else fp32)."""
+    """fp32 | bf16 | fp16 | auto (bf16 on a CUDA GPU that has it or a CPU with native bf16 --
+    AVX512-BF16 or AMX --, else fp32; ranmt.precision)."""
+    dropout_masks: DropoutMasks = "torch"
+    """torch (PyTorch's dropout) | fast: CPU training draws dropout masks from bulk random
+    bits, ~4.7x cheaper per mask (ranmt.dropout; p rounded to a multiple of 2^-16). Runs
+    are reproducible either way but not bit-identical to each other."""
     device: str = "auto"
     """cpu | cuda | cuda:N | auto."""
     max_nonfinite: int = 10

@@ -54,6 +54,7 @@ from ranmt.distributed import (
     init_distributed,
     shutdown,
 )
+from ranmt.dropout import fast_masks
 from ranmt.evaluate import score
 from ranmt.loss import label_smoothed_loss
 from ranmt.memory import retain_freed_memory
@@ -403,7 +404,8 @@ class TrainingRun:
             with sync:
                 with torch.autocast(device.type, dtype=self.autocast_dtype,
                                     enabled=self.autocast_dtype is not None), \
-                        bf16_activations(self.bf16_activations):
+                        bf16_activations(self.bf16_activations), \
+                        fast_masks(t.dropout_masks == "fast"):
                     logits = self.step_model(batch.src, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
                 self.scaler.scale(loss * loss_scale).backward()

@@ -28,6 +28,7 @@ from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
 from ranmt.decode import search
 from ranmt.ensemble import Ensemble
+from ranmt.memory import retain_freed_memory
 from ranmt.sampling import Sampler, sample
 from ranmt.scoring import PairScore, align, score_targets, word_alignment
 
@@ -88,6 +89,10 @@ class Translator:
         from ranmt.quantize import quantize_model
 
         device_ = pick_device(device)
+        if device_.type == "cpu":
+            # Decoding allocates the (rows x vocabulary) logits and log-probabilities anew
+            # every step; without this each one page-faults in (ranmt.memory).
+            retain_freed_memory()
         if quantize != "none" and device_.type != "cpu":
             raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
         _check_precision(precision, quantize, device_)

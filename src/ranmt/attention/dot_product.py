@@ -31,6 +31,7 @@ from ranmt.attention.base import (
     merge_heads,
     split_heads,
 )
+from ranmt.dropout import dropout
 from ranmt.packed import inference_linear
 
 
@@ -146,7 +147,7 @@ class DotProductAttention(Attention):
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
-            context = F.dropout(weights, dropout_p, self.training) @ v
+            context = dropout(weights, dropout_p, self.training) @ v
         elif few_queries and not self.training:
             context = _explicit_attention(q, k, v, allowed)
         else:

@@ -21,7 +21,6 @@ drawn.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import (
@@ -33,6 +32,7 @@ from ranmt.attention.base import (
     merge_heads,
 )
 from ranmt.attention.base import split_heads as _split
+from ranmt.dropout import dropout
 
 
 def xavier_per_head_(matrix: Tensor) -> Tensor:
@@ -115,7 +115,7 @@ class LearnedMatrixAttention(Attention):
             # One dropout mask per sentence, as in any dropout: weights shared by the batch
             # (1, H, T, S) are expanded to (B, H, T, S) before the mask is drawn.
             weights = weights.expand(values.shape[0], -1, -1, -1)
-        dropped = F.dropout(weights, self.dropout, self.training)
+        dropped = dropout(weights, self.dropout, self.training)
         context = dropped @ values  # (B, H, T, d_h)
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, next_state)

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from ranmt.attention.base import AttentionSpec, AttnOutput, merge_heads, split_heads
 from ranmt.attention.dot_product import DotProductAttention
+from ranmt.dropout import dropout
 
 
 class RecurrentCrossAttention(DotProductAttention):
@@ -108,7 +109,7 @@ class RecurrentCrossAttention(DotProductAttention):
         return AttnOutput(output, weights if need_weights else None, state)
 
     def _dropout(self, weights: Tensor) -> Tensor:
-        return nn.functional.dropout(weights, self.dropout, self.training)
+        return dropout(weights, self.dropout, self.training)
 
 
 class ConcatPrevContext(RecurrentCrossAttention):

@@ -26,6 +26,10 @@ _TRAINING_DATA_FILES = ("spm.src.model", "spm.tgt.model", "train.src.tokens.npy"
                         "train.tgt.tokens.npy", "valid.src.tokens.npy", "valid.tgt.tokens.npy")
 
 
+# train.* fields newer than some recorded cells -> what every cell before them trained with
+_FIELDS_ADDED = {"dropout_masks": "torch"}
+
+
 def _digest(path: Path) -> str | None:
     """SHA-256 of a file's bytes, None if it does not exist."""
     if not path.is_file():
@@ -41,9 +45,12 @@ def _comparable_config(config: dict, precision: str | None = None) -> dict:
     """A cell's config without what may differ between identical trainings: the location
     of the prepared data (its content is compared separately); ``train.precision`` replaced
     by the precision the cell trains (or trained) in when given (``auto`` resolves by the
-    hardware)."""
+    hardware). Training fields added after a cell was written are given the value that
+    cell trained with (``_FIELDS_ADDED``)."""
     config = json.loads(json.dumps(config))  # a deep copy with JSON types (tuples -> lists)
     config.get("data", {}).pop("dir", None)
+    for field_name, before in _FIELDS_ADDED.items():
+        config.setdefault("train", {}).setdefault(field_name, before)
     if precision is not None:
         config.setdefault("train", {})["precision"] = precision
     return config

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import Attention
+from ranmt.dropout import Dropout
 from ranmt.precision import activation_dtype
 
 
@@ -79,7 +80,7 @@ class Embedder(nn.Module):
         self.tokens = tokens
         self.positions = positions
         self.scale = math.sqrt(tokens.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         x = self.tokens(ids) * self.scale
@@ -99,7 +100,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
         self.activation = F.gelu if activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
@@ -114,7 +115,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def normed_input(self, x: Tensor) -> Tensor:

@@ -11,12 +11,15 @@ around the forward); and ``bf16`` (what the trainer does: the same autocast with
 residual streams, ``ranmt.precision.bf16_activations``). ``--compile`` adds
 ``fp32-compiled`` and ``bf16-compiled``: the same steps with the model's forward through
 ``torch.compile`` (inductor; backward by AOTAutograd), as ``train.compile=true`` does; the
-one-off compile time (the warm-up steps) is printed apart. All modes use the trainer's fused
+one-off compile time (the warm-up steps) is printed apart. ``--fast-masks`` adds
+``fp32+fast`` and ``bf16+fast``: the same steps with ``train.dropout_masks=fast``
+(``ranmt.dropout``). All modes use the trainer's fused
 loss (``ranmt.loss``) and, unless ``--default-allocator``, its malloc tuning
 (``ranmt.memory``).
 
     python benchmarks/profile_train.py --arch transf ran-all --out docs/performance
     python benchmarks/profile_train.py --arch transf ran-all --compile --no-profile
+    python benchmarks/profile_train.py --arch transf ran-all --fast-masks --no-profile
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ranmt.config import load_config
+from ranmt.dropout import fast_masks
 from ranmt.memory import retain_freed_memory
 from ranmt.model import build_model
 from ranmt.precision import bf16_activations
@@ -37,6 +41,7 @@ from ranmt.train import label_smoothed_loss
 
 MODES = ("fp32", "bf16-autocast", "bf16")
 COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
+FAST_MASK_MODES = ("fp32+fast", "bf16+fast")
 
 
 def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0):
@@ -46,7 +51,8 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
                              "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
     torch.manual_seed(seed)
     model = build_model(cfg.model).train()
-    precision = mode.removesuffix("-compiled")
+    fast = mode.endswith("+fast")
+    precision = mode.removesuffix("+fast").removesuffix("-compiled")
     forward = torch.compile(model) if mode.endswith("-compiled") else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(seed)
@@ -58,7 +64,7 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-                bf16_activations(precision == "bf16"):
+                bf16_activations(precision == "bf16"), fast_masks(fast):
             logits = forward(src, tgt_in)
         loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
         (loss / tgt_out.numel()).backward()
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-profile", action="store_true", help="timings only")
     p.add_argument("--compile", action="store_true",
                    help="also time fp32 and bf16 steps through torch.compile")
+    p.add_argument("--fast-masks", action="store_true",
+                   help="also time fp32 and bf16 steps with train.dropout_masks=fast")
     p.add_argument("--default-allocator", action="store_true",
                    help="leave glibc's malloc as it is (the trainer tunes it, ranmt.memory)")
     args = p.parse_args(argv)
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch "
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")
-    modes = MODES + (COMPILED_MODES if args.compile else ())
+    modes = (MODES + (COMPILED_MODES if args.compile else ())
+             + (FAST_MASK_MODES if args.fast_masks else ()))
     faster = modes[1:]
     print("| arch | " + " | ".join(f"{m} s/step" for m in modes) + " | "
           + " | ".join(f"{m} / fp32" for m in faster) + " |")

@@ -11,6 +11,13 @@ benchmarks/profile_train.py for side-by-side ratios.)
 
     python scripts/precision_table.py docs/results/multi30k_en_de_1k \\
         docs/results/multi30k_en_de_1k_bf16 --variants TransF RAN-ALL
+
+``--labels`` names the two grids otherwise (default ``fp32 bf16``), e.g. PyTorch's dropout
+masks against ``train.dropout_masks=fast`` in bf16:
+
+    python scripts/precision_table.py docs/results/multi30k_en_de_1k_bf16 \\
+        docs/results/multi30k_en_de_1k_bf16_fast_masks --variants TransF RAN-ALL \\
+        --labels "bf16, torch masks" "bf16, fast masks"
 """
 
 from __future__ import annotations
@@ -41,12 +48,19 @@ def precision_of(cell: dict) -> str:
     return cell.get("train", {}).get("precision") or "fp32 (before it was recorded)"
 
 
+def masks_of(cell: dict) -> str:
+    return cell.get("config", {}).get("train", {}).get("dropout_masks", "torch")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("fp32_grid", type=Path)
     p.add_argument("bf16_grid", type=Path)
     p.add_argument("--variants", nargs="+", required=True)
+    p.add_argument("--labels", nargs=2, default=["fp32", "bf16"], metavar=("FIRST", "SECOND"),
+                   help="names of the two grids in the table (default: fp32 bf16)")
     args = p.parse_args(argv)
+    first_name, second_name = args.labels
     rows = []
     for variant in args.variants:
         full, half = cells(args.fp32_grid, variant), cells(args.bf16_grid, variant)
@@ -54,9 +68,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{variant}: missing in one of the grids")
             continue
         shared = sorted(set(full) & set(half))
-        precisions = sorted({precision_of(cell) for cell in half.values()})
-        print(f"{variant}: fp32 seeds {sorted(full)}, bf16 seeds {sorted(half)}; bf16 grid "
-              f"cells: {', '.join(precisions)}")
+        kinds = sorted({f"{precision_of(cell)}, {masks_of(cell)} dropout masks"
+                        for cell in half.values()})
+        print(f"{variant}: {first_name} seeds {sorted(full)}, {second_name} seeds "
+              f"{sorted(half)}; {second_name} grid cells: {'; '.join(kinds)}")
         first = next(iter(full.values()))
         for test in first["tests"]:
             for key, label in METRICS:
@@ -71,8 +86,9 @@ def main(argv: list[str] | None = None) -> None:
                             f"{statistics.mean(b) - statistics.mean(a):+.2f} | "
                             f"{min(a):.2f}-{max(a):.2f}: {'yes' if inside else 'no'} | "
                             + " ".join(f"{d:+.2f}" for d in paired) + " |")
-    print("| variant | test set | metric | fp32, all its seeds (mean ± std) | bf16 (mean ± std) "
-          "| bf16 - fp32 | fp32 seeds' range: bf16 mean inside? | same seed, bf16 - fp32 |")
+    a, b = first_name, second_name
+    print(f"| variant | test set | metric | {a}, all its seeds (mean ± std) | {b} (mean ± std) "
+          f"| {b} - {a} | {a} seeds' range: {b} mean inside? | same seed, {b} - {a} |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

@@ -72,3 +72,21 @@ def test_benchmark_bf16_decoding_and_training_rows(tmp_path):
     assert result["systems"] == ["transf:tiny", "transf:tiny bf16"]
     assert set(result["train"]) == {"transf:tiny", "transf:tiny bf16 training"}
     assert all(entry["tokens_per_s"] > 0 for entry in result["train"].values())
+
+
+@pytest.mark.parametrize("masks", ["torch", "fast"])
+def test_benchmark_training_rows_use_the_dropout_masks_asked_for(tmp_path, monkeypatch, masks):
+    import ranmt.dropout as dropout_module
+
+    drawn = []
+    original = dropout_module.keep_mask
+    monkeypatch.setattr(dropout_module, "keep_mask",
+                        lambda *a, **k: drawn.append(1) or original(*a, **k))
+    main(["benchmark", "--arch", "transf", "--preset", "tiny", "--vocab-size", "50",
+          "--sentences", "8", "--batch-sizes", "4", "--beams", "2", "--batch", "4", "--beam",
+          "2", "--repeats", "1", "--fixed-length", "4", "--dropout-masks", masks,
+          "--out", str(tmp_path), "--device", "cpu"])
+    result = json.loads((tmp_path / "benchmark.json").read_text())
+    assert result["dropout_masks"] == masks
+    assert result["train"]["transf:tiny"]["tokens_per_s"] > 0
+    assert bool(drawn) == (masks == "fast")

@@ -129,10 +129,13 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
 
 
 def train_speed(model, config, sources: list[list[int]], max_tokens: int,
-                device: torch.device, precision: str = "fp32") -> tuple[float, float | None]:
+                device: torch.device, precision: str = "fp32",
+                dropout_masks: str = "torch") -> tuple[float, float | None]:
     """(target tokens/s, peak CUDA memory in MiB or None) of training steps over the inputs
     (each source doubles as its own target: same lengths for every system), in ``precision``
-    as the trainer runs it (bf16: autocast and bf16 residual streams, fp32 weights)."""
+    as the trainer runs it (bf16: autocast and bf16 residual streams, fp32 weights), with
+    ``dropout_masks`` as ``train.dropout_masks``."""
+    from ranmt.dropout import fast_masks
     from ranmt.precision import bf16_activations
 
     bf16 = precision == "bf16"
@@ -150,7 +153,8 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
         batch = collate(arrays, arrays, rows).to(device)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), \
-                bf16_activations(bf16 and device.type == "cpu"):
+                bf16_activations(bf16 and device.type == "cpu"), \
+                fast_masks(dropout_masks == "fast"):
             logits = model(batch.src, batch.tgt_in)
         loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1)
         loss.backward()
@@ -222,6 +226,8 @@ class BenchmarkSpec:
     """Modes: none (fp32), int8, bf16 (bf16 decoding copies and bf16 training rows)."""
     train: bool = True
     """Also measure training throughput."""
+    dropout_masks: str = "torch"
+    """Dropout masks of the training rows: torch | fast (``train.dropout_masks``)."""
 
 
 def run_benchmark(spec: BenchmarkSpec, log=print) -> dict:
@@ -251,8 +257,9 @@ def run_benchmark(spec: BenchmarkSpec, log=print) -> dict:
                 for label, v in row["systems"].items()))
     if spec.train:
         precisions = ("fp32", "bf16") if "bf16" in spec.quantize else ("fp32",)
+        results["dropout_masks"] = spec.dropout_masks
         _train_rows(results, systems, sources, spec.train_tokens, spec.repeats, device, log,
-                    precisions)
+                    precisions, spec.dropout_masks)
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
@@ -287,7 +294,8 @@ def _decode_row(systems, sources: list[list[int]], kind: str, batch: int, beam: 
 
 
 def _train_rows(results: dict, systems, sources, train_tokens: int, repeats: int,
-                device: torch.device, log, precisions: tuple[str, ...] = ("fp32",)) -> None:
+                device: torch.device, log, precisions: tuple[str, ...] = ("fp32",),
+                dropout_masks: str = "torch") -> None:
     """Training throughput of the fp32 systems in each of ``precisions`` (a bf16 row is the
     same model trained as ``train.precision=bf16`` does), interleaved, into results."""
     fp32 = [s for s in systems if not is_quantized(s[2])
@@ -298,7 +306,8 @@ def _train_rows(results: dict, systems, sources, train_tokens: int, repeats: int
     train_samples: dict[str, list] = {label: [] for label, *_ in systems}
     for repeat in range(repeats + 1):
         for label, _, model, cfg, precision in systems:
-            value = train_speed(model, cfg, sources, train_tokens, device, precision)
+            value = train_speed(model, cfg, sources, train_tokens, device, precision,
+                                dropout_masks)
             if repeat > 0:
                 train_samples[label].append(value)
     first = None

@@ -25,6 +25,8 @@ def _args_benchmark(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs (median) after warm-up")
     p.add_argument("--train-tokens", type=int, default=4096, help="tokens per training batch")
     p.add_argument("--no-train", action="store_true", help="decoding speed only")
+    p.add_argument("--dropout-masks", default="torch", choices=["torch", "fast"],
+                   help="dropout masks of the training rows (as train.dropout_masks)")
     p.add_argument("--fixed-length", type=int,
                    help="every hypothesis exactly this many tokens (EOS suppressed before, "
                         "forced at it): equal work for any two checkpoints, trained or not")
@@ -47,7 +49,7 @@ def _cmd_benchmark(args) -> None:
                          fixed_beam=args.beam, fixed_batch=args.batch, repeats=args.repeats,
                          train_tokens=args.train_tokens, device=args.device,
                          fixed_length=args.fixed_length, quantize=tuple(args.quantize),
-                         train=not args.no_train)
+                         train=not args.no_train, dropout_masks=args.dropout_masks)
     run_benchmark(spec, log=info)
 
 

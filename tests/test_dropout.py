@@ -113,3 +113,33 @@ def test_cells_written_before_the_setting_match_torch_masks_only():
         {"train": {"precision": "fp32", "dropout_masks": "torch"}})
     assert _comparable_config(old) != _comparable_config(
         {"train": {"precision": "fp32", "dropout_masks": "fast"}})
+
+
+def test_dot_product_attention_dropout_uses_fast_masks_by_the_math_kernel_formula():
+    """Attention-weight dropout inside the fused path: with fast masks on, the context is
+    dropout(softmax(q k^T / sqrt(d_h))) v with the fast mask; padded keys get no weight."""
+    from ranmt.attention.base import AttentionSpec, merge_heads, split_heads
+    from ranmt.attention.dot_product import DotProductAttention
+
+    torch.manual_seed(0)
+    spec = AttentionSpec(d_model=16, heads=2, dropout=0.3, max_positions=32,
+                         role="encoder_self", layer_index=0, num_layers=1)
+    attention = DotProductAttention(spec).train()
+    x = torch.randn(3, 5, 16)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[1, 3:] = True
+    torch.manual_seed(7)
+    with fast_masks():
+        out = attention(x, x, key_padding_mask=padding).context
+    q, k, v = (split_heads(proj(x), 2) for proj in
+               (attention.q_proj, attention.k_proj, attention.v_proj))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
+    torch.manual_seed(7)
+    keep, scale = keep_mask(scores.shape, 0.3)
+    weights = torch.softmax(scores, -1) * keep * scale
+    expected = attention.out_proj(merge_heads(weights @ v))
+    assert torch.allclose(out, expected, atol=1e-6)
+    with fast_masks(False):  # PyTorch's masks: another draw than the fast one
+        torch.manual_seed(7)
+        assert not torch.allclose(attention(x, x, key_padding_mask=padding).context, out)

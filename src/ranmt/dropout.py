@@ -17,7 +17,10 @@ trainer's saved RNG state and exact resume work as with ``torch``; the masks dif
 ``torch`` stays the default: every committed grid cell was trained with it).
 
 Only training on a CPU uses the fast masks (:func:`fast_masks` switches them on for the
-training loop); evaluation, decoding and other devices call ``F.dropout`` unchanged.
+training loop); evaluation, decoding and other devices call ``F.dropout`` unchanged. Every
+dropout of the model goes through :func:`dropout` (:class:`Dropout` for the modules); the
+attention-weight dropout that ``scaled_dot_product_attention`` would draw itself is computed
+outside that kernel when the fast masks are on (``ranmt.attention.dot_product``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def fast_masks(enabled: bool = True):
         yield
     finally:
         _fast = previous
+
+
+def fast_masks_on() -> bool:
+    """Whether :func:`fast_masks` is on (for kernels with their own dropout, which must then
+    be computed another way: ``ranmt.attention.dot_product``)."""
+    return _fast
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float,

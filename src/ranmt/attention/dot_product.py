@@ -31,7 +31,7 @@ from ranmt.attention.base import (
     merge_heads,
     split_heads,
 )
-from ranmt.dropout import dropout
+from ranmt.dropout import dropout, fast_masks_on
 from ranmt.packed import inference_linear
 
 
@@ -185,13 +185,30 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
     """``scaled_dot_product_attention`` (B, H, T, d_h) -> (B, H, T, d_h). bf16 training on a
     CPU runs it in fp32: PyTorch's CPU flash-attention backward is ~5x slower in bf16 than
     in fp32 at these sizes (benchmarks/profile_train.py), and the products inside are too
-    small for bf16 to pay back the casts."""
+    small for bf16 to pay back the casts. With fast dropout masks (``ranmt.dropout``) and
+    attention dropout on a CPU, the attention is computed as PyTorch's math kernel would
+    (which is what ``scaled_dot_product_attention`` runs on a CPU with dropout), with the
+    fast masks."""
+    if dropout_p > 0.0 and q.device.type == "cpu" and fast_masks_on():
+        return _attention_with_fast_dropout(q, k, v, allowed, dropout_p)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(
                 q.float(), k.float(), v.float(), attn_mask=allowed,
                 dropout_p=dropout_p).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+
+def _attention_with_fast_dropout(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+                                 dropout_p: float) -> Tensor:
+    """dropout(softmax(q k^T / sqrt(d_h))) v (B, H, T, d_h) -> (B, H, T, d_h), the softmax in
+    fp32 (rows with nothing allowed give zeros, as PyTorch's kernel), the dropout through
+    :func:`ranmt.dropout.dropout` (training)."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    return dropout(weights, dropout_p, True) @ v
 
 
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:

@@ -85,7 +85,11 @@ class Translator:
         the same SentencePiece models (the decoding settings are the first one's).
         ``quantize="int8"``: int8 dynamic quantization of the linear layers (CPU only;
         see :mod:`ranmt.quantize`). ``precision="bf16"``: weights and activations in bf16
-        (log-probabilities and scores in fp32), on a GPU or a CPU with native bf16."""
+        (log-probabilities and scores in fp32), on a GPU or a CPU with native bf16.
+
+        On a CPU this tunes the process's malloc once (:func:`ranmt.memory.retain_freed_memory`:
+        freed heap memory is kept for reuse, so decoding steps stop page-faulting their
+        buffers in; the process keeps its peak memory)."""
         from ranmt.quantize import quantize_model
 
         device_ = pick_device(device)

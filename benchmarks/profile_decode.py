@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         label_parts(model)
         name = f"{cfg.model.arch} {precision}:{checkpoint}"
 
-        def decode(src):
+        def decode(src, model=model):
             return search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1,
                           fixed_length=args.fixed_length, reference=args.reference)
 

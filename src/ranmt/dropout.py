@@ -26,6 +26,7 @@ outside that kernel when the fast masks are on (``ranmt.attention.dot_product``)
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -61,9 +62,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float,
     """A bool mask of ``shape`` (True = keep) with each element dropped with probability
     round(p * 65536) / 65536, and the scale 65536 / (65536 - round(p * 65536)) of the
     kept elements (CPU)."""
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     dropped = round(p * _LANES)
     bits = torch.empty((count + 3) // 4, dtype=torch.int64)
     bits.random_(-2 ** 63, 2 ** 63 - 1, generator=generator)

@@ -143,10 +143,7 @@ class DotProductAttention(Attention):
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+            weights = _attention_weights(q, k, allowed)  # (B, H, T, S)
             context = dropout(weights, dropout_p, self.training) @ v
         elif few_queries and not self.training:
             context = _explicit_attention(q, k, v, allowed)
@@ -204,11 +201,16 @@ def _attention_with_fast_dropout(q: Tensor, k: Tensor, v: Tensor, allowed: Tenso
     """dropout(softmax(q k^T / sqrt(d_h))) v (B, H, T, d_h) -> (B, H, T, d_h), the softmax in
     fp32 (rows with nothing allowed give zeros, as PyTorch's kernel), the dropout through
     :func:`ranmt.dropout.dropout` (training)."""
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+    return dropout(_attention_weights(q, k, allowed), dropout_p, True) @ v
+
+
+def _attention_weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(d_h)) (B, H, T, S) in fp32, cast to q's dtype; keys not
+    ``allowed`` get no weight, rows with none allowed are zeros."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
-    return dropout(weights, dropout_p, True) @ v
+    return torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
 
 
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:

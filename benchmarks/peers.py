@@ -77,6 +77,7 @@ from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.decode import search
 from ranmt.model import EOS_ID, PAD_ID
+from ranmt.precision import cpu_description
 from ranmt.translator import Translator
 
 # ------------------------------------------------------------------------------ decoding
@@ -306,6 +307,7 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
               "batch": args.batch, "beam": args.beam, "lenpen": args.lenpen,
               "max_len": args.max_len, "fixed_length": args.fixed_length,
               "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
+              "cpu": cpu_description(),
               "tokens_per_s": {name: row["tokens_per_s"] for name, row in rows.items()},
               "ms_per_sentence": {name: row["ms_per_sentence"] for name, row in rows.items()},
               "systems": rows}
@@ -330,7 +332,7 @@ def _decode_table(args, result: dict) -> str:
               else "outputs as the model writes them")
     lines = [f"decoding {result['sentences']} sentences of {args.split}, batch {args.batch}, "
              f"beam {args.beam}, lenpen {args.lenpen}, {length}, {args.threads} threads, "
-             f"median of {args.repeats}", "",
+             f"median of {args.repeats}; CPU: {result.get('cpu', 'not recorded')}", "",
              "| system | tgt tok/s | sent/s | ms/sentence | ratio to ranmt TransF | same output "
              "as ranmt TransF |", "|---|---|---|---|---|---|"]
     for name, row in result["systems"].items():

@@ -202,3 +202,14 @@ def test_bf16_translator_needs_native_bf16_and_no_int8(runs, monkeypatch):
     assert len(out) == 2 and out[1] == ""
     scores = translator.score(["a b c"], ["c b a"])
     assert scores[0] is not None and scores[0].total < 0
+
+
+def test_cpu_description_names_the_model_and_the_matrix_flags():
+    """Benchmark records name the CPU and the flags that set bf16/int8 product speed."""
+    intel = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+             "flags\t\t: fpu avx512f avx512_vnni avx_vnni avx512_bf16 amx_bf16 amx_int8\n")
+    assert precision_module.cpu_description(intel) == (
+        "Intel(R) Xeon(R) Processor; avx512_bf16 amx_bf16 avx512_vnni avx_vnni amx_int8")
+    zen4 = "model name\t: AMD EPYC 9R14\n" + ZEN4.split("\n", 1)[1]
+    assert precision_module.cpu_description(zen4) == "AMD EPYC 9R14; avx512_bf16 avx512_vnni"
+    assert precision_module.cpu_description(OLD).endswith("; no bf16/VNNI/AMX flags")

@@ -34,6 +34,7 @@ from ranmt.config import load_config
 from ranmt.data.batching import collate, make_batches, pad_sources
 from ranmt.decode import search
 from ranmt.model import build_model
+from ranmt.precision import cpu_description
 from ranmt.quantize import is_quantized
 from ranmt.train import label_smoothed_loss
 from ranmt.translator import Translator, pick_device
@@ -242,7 +243,7 @@ def run_benchmark(spec: BenchmarkSpec, log=print) -> dict:
     sources = _inputs(systems, spec.data, spec.split, spec.sentences, spec.vocab_size)
     limit = min(cfg.model.max_positions for _, _, _, cfg in systems) - 1
     sources = [s[:limit] for s in sources if s]
-    results: dict = {"device": str(device), "torch": torch.__version__,
+    results: dict = {"device": str(device), "torch": torch.__version__, "cpu": cpu_description(),
                      "sentences": len(sources), "repeats": spec.repeats, "decode": [],
                      "fixed_length": spec.fixed_length, "threads": torch.get_num_threads(),
                      "train": {}, "systems": [label for label, *_ in systems]}
@@ -330,7 +331,8 @@ def _table(results: dict) -> str:
     lines = [f"device {results['device']}, torch {results['torch']}, "
              f"{results.get('threads', '?')} threads, {results['sentences']} sentences, "
              + (f"fixed output length {fixed}, " if fixed else "outputs as the models write, ")
-             + f"median of {results['repeats']} runs", "",
+             + f"median of {results['repeats']} runs"
+             + (f"; CPU: {results['cpu']}" if results.get("device") == "cpu" else ""), "",
              "| vary | batch | beam | " + " | ".join(f"{name} tok/s (ratio)" for name in names)
              + " |", "|---|---|---|" + "---|" * len(names)]
     for row in results["decode"]:

@@ -31,19 +31,45 @@ without a graph break, which a ContextVar would cause)."""
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+MATRIX_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni", "amx_int8")
+"""CPU flags that decide how fast bf16 and int8 matrix products run (named in benchmarks)."""
+
+
+def _read_cpuinfo() -> str | None:
+    path = Path("/proc/cpuinfo")
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+
+
+def _cpuinfo_field(cpuinfo: str, names: tuple[str, ...]) -> str | None:
+    """The value of the first line of ``cpuinfo`` whose key is one of ``names``."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in names:
+            return value.strip()
+    return None
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """The CPU in a few words for benchmark records: its model name and which of
+    :data:`MATRIX_FLAGS` it has, e.g. ``"Intel(R) Xeon(R) Processor; amx_bf16 avx512_bf16
+    ..."`` — speed ratios between precisions (and against CTranslate2's int8) depend on them.
+    ``cpuinfo``: the text of /proc/cpuinfo (read on Linux when not given)."""
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    if cpuinfo is None:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    name = _cpuinfo_field(cpuinfo, ("model name", "Model", "Hardware")) or "unknown CPU"
+    flags = set((_cpuinfo_field(cpuinfo, ("flags", "Features")) or "").split())
+    found = [flag for flag in MATRIX_FLAGS if flag in flags]
+    return f"{name}; {' '.join(found) if found else 'no bf16/VNNI/AMX flags'}"
+
+
 def cpu_bf16_support(cpuinfo: str | None = None) -> tuple[bool, str]:
     """(native bf16 on this CPU, the reason in words). ``cpuinfo``: the text of
     /proc/cpuinfo (read on Linux when not given; other systems: not detected)."""
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        if not path.is_file():
-            return False, f"cannot read CPU flags on {platform.system()}: assuming no native bf16"
-        cpuinfo = path.read_text(encoding="utf-8", errors="replace")
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-            break
+        return False, f"cannot read CPU flags on {platform.system()}: assuming no native bf16"
+    flags = set((_cpuinfo_field(cpuinfo, ("flags", "Features")) or "").split())
     found = [flag for flag in BF16_FLAGS if flag in flags]
     if found:
         return True, f"the CPU has {' and '.join(found)}"

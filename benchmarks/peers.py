@@ -332,7 +332,7 @@ def _decode_table(args, result: dict) -> str:
               else "outputs as the model writes them")
     lines = [f"decoding {result['sentences']} sentences of {args.split}, batch {args.batch}, "
              f"beam {args.beam}, lenpen {args.lenpen}, {length}, {args.threads} threads, "
-             f"median of {args.repeats}; CPU: {result.get('cpu', 'not recorded')}", "",
+             f"median of {args.repeats}; CPU: {result['cpu']}", "",
              "| system | tgt tok/s | sent/s | ms/sentence | ratio to ranmt TransF | same output "
              "as ranmt TransF |", "|---|---|---|---|---|---|"]
     for name, row in result["systems"].items():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from ranmt.cli import main
+from ranmt.precision import cpu_description
 
 
 def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
@@ -29,8 +30,6 @@ def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
     assert (tmp_path / "benchmark.png").read_bytes().startswith(b"\x89PNG")
     table = (tmp_path / "benchmark.md").read_text()
     assert "| batch | 4 | 2 |" in table and "x; " in table  # per-round ratio range
-    from ranmt.precision import cpu_description
-
     assert result["cpu"] == cpu_description() and f"CPU: {result['cpu']}" in table
     assert "tok/s (ratio)" in capsys.readouterr().out
 

@@ -49,6 +49,11 @@ def _cpuinfo_field(cpuinfo: str, names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    """The CPU flags (x86 ``flags``, Arm ``Features``) of the first processor in ``cpuinfo``."""
+    return set((_cpuinfo_field(cpuinfo, ("flags", "Features")) or "").split())
+
+
 def cpu_description(cpuinfo: str | None = None) -> str:
     """The CPU in a few words for benchmark records: its model name and which of
     :data:`MATRIX_FLAGS` it has, e.g. ``"Intel(R) Xeon(R) Processor; amx_bf16 avx512_bf16
@@ -58,8 +63,7 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     if cpuinfo is None:
         return platform.processor() or platform.machine() or "unknown CPU"
     name = _cpuinfo_field(cpuinfo, ("model name", "Model", "Hardware")) or "unknown CPU"
-    flags = set((_cpuinfo_field(cpuinfo, ("flags", "Features")) or "").split())
-    found = [flag for flag in MATRIX_FLAGS if flag in flags]
+    found = [flag for flag in MATRIX_FLAGS if flag in _cpu_flags(cpuinfo)]
     return f"{name}; {' '.join(found) if found else 'no bf16/VNNI/AMX flags'}"
 
 
@@ -69,8 +73,7 @@ def cpu_bf16_support(cpuinfo: str | None = None) -> tuple[bool, str]:
     cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
         return False, f"cannot read CPU flags on {platform.system()}: assuming no native bf16"
-    flags = set((_cpuinfo_field(cpuinfo, ("flags", "Features")) or "").split())
-    found = [flag for flag in BF16_FLAGS if flag in flags]
+    found = [flag for flag in BF16_FLAGS if flag in _cpu_flags(cpuinfo)]
     if found:
         return True, f"the CPU has {' and '.join(found)}"
     return False, "the CPU has neither AVX512-BF16 nor AMX-BF16 (bf16 would be emulated)"

@@ -277,6 +277,37 @@ def test_tables_aggregate_seeds_exactly(tmp_path, monkeypatch):
     assert variants["TransF"]["still_improving"] == [False, True, True]
 
 
+def test_per_seed_table_lists_every_cell_and_marks_the_missing_ones(tmp_path, monkeypatch):
+    """The per-seed table: a row per seed (in the grid's seed order), a column per variant
+    that has a cell, SacreBLEU of the two test sets side by side, "-" for a cell not run."""
+    from ranmt.experiment import Dataset, Experiment, build_tables
+
+    def cell(variant, seed, first, second):
+        tests = {test: {"bleu": bleu, "sentences_per_s": 1.0, "target_tokens_per_s": 1.0}
+                 for test, bleu in (("a", first), ("b", second))}
+        return {"dataset": "d", "variant": variant, "seed": seed, "parameters": 1,
+                "tests": tests, "train": {"steps": 10, "best_step": 5, "best_valid_bleu": 1.0,
+                                          "wall_time_s": 1.0, "train_tokens_per_s": 1.0}}
+
+    cells = [cell("TransF", 3, 30.0, 20.5), cell("TransF", 1, 31.25, 21.0),
+             cell("RAN", 1, 33.0, 24.125)]
+    experiment = Experiment(
+        name="seeds", out=tmp_path, datasets=[Dataset(name="d", src="s", tgt="t",
+                                                      tests={"a": "a", "b": "b"})],
+        variants=[{"name": "TransF"}, {"name": "RAN"}, {"name": "HC-SA"}], seeds=[1, 2, 3],
+        baseline="TransF", base_config=None, overrides={}, decode={}, alpha=0.05)
+    monkeypatch.setattr(tables_module, "TASK_METRICS", {"translation": ["bleu"]})
+    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(tables_module, "_read_hyps", lambda e, c, t: ["hyp"])
+    monkeypatch.setattr(tables_module, "paired_bootstrap", lambda *a: {
+        "systems": [{}, {"bleu_p": 0.5}]})
+    markdown, _ = build_tables(experiment, cells)
+    table = markdown.split("## d — SacreBLEU per seed (a / b)\n\n")[1].split("\n\n")[0]
+    assert table.splitlines() == ["| seed | TransF | RAN |", "|---|---|---|",
+                                  "| 1 | 31.25 / 21.00 | 33.00 / 24.12 |",
+                                  "| 3 | 30.00 / 20.50 | - |"]
+
+
 def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
     """Two variants x two seeds at train.max_steps: every cell runs exactly that many steps;
     --seeds runs a subset, --tables-only trains nothing, the table states the steps."""

@@ -1,6 +1,6 @@
 """The result tables of a grid: per test set the RAN paper's Table 1 layout (mean +- std
-over seeds, difference to the baseline, the seed rule's marks, :func:`compare_over_seeds`)
-and the training table.
+over seeds, difference to the baseline, the seed rule's marks, :func:`compare_over_seeds`),
+the main metric per seed (every test set side by side) and the training table.
 """
 
 from __future__ import annotations
@@ -126,6 +126,31 @@ def _steps_text(cells: list[dict]) -> tuple[str, str]:
     return steps_text, " / ".join(best)
 
 
+def _per_seed_table(experiment: Experiment, dataset: Dataset,
+                    by_variant: dict[str, list[dict]]) -> list[str]:
+    """The main metric (SacreBLEU; ROUGE-L for summarization) of every cell: a row per seed,
+    a column per variant, the test sets side by side ("-" where a cell has not run)."""
+    metric = "rougeL" if dataset.task == "summarization" else "bleu"
+    present = [name for name, cells in by_variant.items() if cells]
+    if not present:
+        return []
+    tests = list(dataset.tests)
+    lines = [f"## {dataset.name} — {ROW_NAMES.get(metric, metric)} per seed "
+             f"({' / '.join(tests)})", "",
+             "| seed | " + " | ".join(present) + " |", "|---|" + "---|" * len(present)]
+    seeds = sorted({c["seed"] for name in present for c in by_variant[name]},
+                   key=lambda seed: (experiment.seeds.index(seed)
+                                     if seed in experiment.seeds else len(experiment.seeds), seed))
+    for seed in seeds:
+        row = []
+        for name in present:
+            cell = next((c for c in by_variant[name] if c["seed"] == seed), None)
+            row.append("-" if cell is None else
+                       " / ".join(f"{cell['tests'][test][metric]:.2f}" for test in tests))
+        lines.append(f"| {seed} | " + " | ".join(row) + " |")
+    return lines + [""]
+
+
 def _training_table(experiment: Experiment, dataset: Dataset,
                     by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
     """Per variant: seeds, optimizer steps, best step (still improving?), cost, speed."""
@@ -189,6 +214,7 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
             test_lines, dataset_result["tests"][test] = _test_table(experiment, dataset, test,
                                                                     by_variant)
             lines += test_lines
+        lines += _per_seed_table(experiment, dataset, by_variant)
         training_lines, dataset_result["variants"] = _training_table(experiment, dataset,
                                                                      by_variant)
         lines += training_lines + _legend(experiment.alpha)

@@ -138,15 +138,13 @@ def _per_seed_table(experiment: Experiment, dataset: Dataset,
     lines = [f"## {dataset.name} — {ROW_NAMES.get(metric, metric)} per seed "
              f"({' / '.join(tests)})", "",
              "| seed | " + " | ".join(present) + " |", "|---|" + "---|" * len(present)]
-    seeds = sorted({c["seed"] for name in present for c in by_variant[name]},
-                   key=lambda seed: (experiment.seeds.index(seed)
-                                     if seed in experiment.seeds else len(experiment.seeds), seed))
-    for seed in seeds:
-        row = []
-        for name in present:
-            cell = next((c for c in by_variant[name] if c["seed"] == seed), None)
-            row.append("-" if cell is None else
-                       " / ".join(f"{cell['tests'][test][metric]:.2f}" for test in tests))
+    by_seed = {name: {c["seed"]: c for c in by_variant[name]} for name in present}
+    for seed in experiment.seeds:  # the grid's cells only have the grid's seeds
+        if not any(seed in cells for cells in by_seed.values()):
+            continue
+        row = ["-" if seed not in by_seed[name] else
+               " / ".join(f"{by_seed[name][seed]['tests'][test][metric]:.2f}" for test in tests)
+               for name in present]
         lines.append(f"| {seed} | " + " | ".join(row) + " |")
     return lines + [""]
 

@@ -20,6 +20,7 @@ loss (``ranmt.loss``) and, unless ``--default-allocator``, its malloc tuning
     python benchmarks/profile_train.py --arch transf ran-all --out docs/performance
     python benchmarks/profile_train.py --arch transf ran-all --compile --no-profile
     python benchmarks/profile_train.py --arch transf ran-all --fast-masks --no-profile
+    python benchmarks/profile_train.py --device cuda --preset base --sentences 640 --out DIR
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
 FAST_MASK_MODES = ("fp32+fast", "bf16+fast")
 
 
-def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0):
-    """A closure running one optimizer step of a fresh ``small`` model in ``mode``."""
-    cfg = load_config(None, {"model.preset": "small", "model.arch": arch,
+def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0,
+              preset: str = "small", device: torch.device | None = None):
+    """A closure running one optimizer step of a fresh ``preset`` model in ``mode`` on
+    ``device`` (on CUDA the step ends with a synchronize, so a wall clock times it)."""
+    device = device or torch.device("cpu")
+    cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
                              "model.src_vocab_size": str(vocab),
                              "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
     torch.manual_seed(seed)
-    model = build_model(cfg.model).train()
+    model = build_model(cfg.model).to(device).train()
     fast = mode.endswith("+fast")
     precision = mode.removesuffix("+fast").removesuffix("-compiled")
     forward = torch.compile(model) if mode.endswith("-compiled") else model
@@ -58,18 +62,21 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(4, vocab, (sentences, length), generator=gen)
     tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
+    src, tgt = src.to(device), tgt.to(device)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     autocast = precision != "fp32"
+    # bf16 residual streams are the CPU trainer's (the GPU trainer uses plain autocast)
+    bf16_residual = precision == "bf16" and device.type == "cpu"
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
-                bf16_activations(precision == "bf16"), fast_masks(fast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
+                bf16_activations(bf16_residual), fast_masks(fast):
             logits = forward(src, tgt_in)
         loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
         (loss / tgt_out.numel()).backward()
         optimizer.step()
-        return loss.item()
+        return loss.item()  # .item() waits for the GPU
 
     return step
 
@@ -77,7 +84,8 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
 def time_modes(arch: str, modes: tuple[str, ...], args) -> tuple[dict[str, float], dict]:
     """Median seconds per step of each mode, repetitions interleaved across modes, and the
     seconds of each mode's two warm-up steps (a compiled mode compiles in them)."""
-    steps = {mode: make_step(arch, mode, args.sentences, args.length, args.vocab)
+    steps = {mode: make_step(arch, mode, args.sentences, args.length, args.vocab,
+                             preset=args.preset, device=torch.device(args.device))
              for mode in modes}
     warm_up = {}
     for mode, step in steps.items():  # warm-up (allocator, oneDNN kernels, compilation)
@@ -95,17 +103,24 @@ def time_modes(arch: str, modes: tuple[str, ...], args) -> tuple[dict[str, float
 
 
 def profile_mode(arch: str, mode: str, args) -> str:
-    step = make_step(arch, mode, args.sentences, args.length, args.vocab)
+    device = torch.device(args.device)
+    step = make_step(arch, mode, args.sentences, args.length, args.vocab, preset=args.preset,
+                     device=device)
     step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         for _ in range(args.profile_steps):
             step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows)
+    return prof.key_averages().table(
+        sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=args.rows)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", nargs="+", default=["transf", "ran-all"])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (fp32 on CUDA uses TF32)")
     p.add_argument("--sentences", type=int, default=160)
     p.add_argument("--length", type=int, default=24)
     p.add_argument("--vocab", type=int, default=8000)
@@ -121,8 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--default-allocator", action="store_true",
                    help="leave glibc's malloc as it is (the trainer tunes it, ranmt.memory)")
     args = p.parse_args(argv)
-    if not args.default_allocator:
+    if args.device == "cpu" and not args.default_allocator:
         retain_freed_memory()
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # as the trainer sets it
+        torch.backends.cudnn.allow_tf32 = True
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch "
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")

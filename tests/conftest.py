@@ -57,6 +57,13 @@ def reverse_task(count: int, seed: int, min_len: int = 3, max_len: int = 8):
     return src, tgt
 
 
+def logged_losses(run: Path) -> list[float]:
+    """The training loss of every ``step ...`` line of a run's train.log."""
+    return [float(line.split("loss ")[1].split()[0])
+            for line in (run / "train.log").read_text().splitlines()
+            if line.startswith("step ")]
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     root = os.environ.get("RANMT_DATA_DIR")

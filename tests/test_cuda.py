@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import random_batch, tiny_model
+from conftest import logged_losses, random_batch, tiny_model
 from ranmt.config import load_config
 from ranmt.decode import search
 from ranmt.train import train
@@ -49,12 +49,6 @@ def exact_fp32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _losses(run) -> list[float]:
-    return [float(line.split("loss ")[1].split()[0])
-            for line in (run / "train.log").read_text().splitlines()
-            if line.startswith("step ")]
-
-
 def _valid_loss(run) -> float:
     """The validation loss of the last ``validate step`` line of a run's train.log."""
     lines = [line for line in (run / "train.log").read_text().splitlines()
@@ -62,22 +56,14 @@ def _valid_loss(run) -> float:
     return float(lines[-1].split("valid_loss ")[1].split(",")[0])
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_forward_on_cuda_equals_cpu(arch):
-    model, _ = tiny_model(**{"model.arch": arch})
+@pytest.mark.parametrize("overrides", [{"model.arch": arch} for arch in ARCHS]
+                         + [{"model.decoder.cross_attention": cross} for cross in CROSS],
+                         ids=ARCHS + CROSS)
+def test_forward_on_cuda_equals_cpu(overrides):
+    model, _ = tiny_model(**overrides)
     src, tgt = random_batch(batch=4, src_len=9, tgt_len=7)
     with torch.no_grad():
         on_cpu = model(src, tgt)  # (B, T, V)
-        on_gpu = model.cuda()(src.cuda(), tgt.cuda()).cpu()
-    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("cross", CROSS)
-def test_recurrent_cross_attention_on_cuda_equals_cpu(cross):
-    model, _ = tiny_model(**{"model.decoder.cross_attention": cross})
-    src, tgt = random_batch(batch=4, src_len=9, tgt_len=7)
-    with torch.no_grad():
-        on_cpu = model(src, tgt)
         on_gpu = model.cuda()(src.cuda(), tgt.cuda()).cpu()
     torch.testing.assert_close(on_gpu, on_cpu, atol=1e-4, rtol=1e-4)
 
@@ -127,7 +113,7 @@ def test_compiled_training_on_cuda_gives_eager_losses(reverse_data, tmp_path):
     train(load_config(None, values), reverse_data, tmp_path / "eager")
     train(load_config(None, {**values, "train.compile": "true"}), reverse_data,
           tmp_path / "compiled")
-    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "compiled")
+    eager, compiled = logged_losses(tmp_path / "eager"), logged_losses(tmp_path / "compiled")
     assert len(eager) == 6
     assert compiled == pytest.approx(eager, rel=2e-3)  # TF32 products in both
 
@@ -139,10 +125,10 @@ def test_bf16_compiled_training_on_cuda_matches_fp32_eager(reverse_data, tmp_pat
     fp32 = train(load_config(None, values), reverse_data, tmp_path / "fp32")
     bf16 = train(load_config(None, {**values, "train.precision": "bf16",
                                     "train.compile": "true"}), reverse_data, tmp_path / "bf16")
-    assert bf16["steps"] == 60 and bf16["nonfinite_skipped"] == 0
-    first, last = _valid_loss(tmp_path / "fp32"), _valid_loss(tmp_path / "bf16")
-    assert last == pytest.approx(first, rel=0.05)
     assert fp32["steps"] == 60
+    assert bf16["steps"] == 60 and bf16["nonfinite_skipped"] == 0
+    assert _valid_loss(tmp_path / "bf16") == pytest.approx(_valid_loss(tmp_path / "fp32"),
+                                                           rel=0.05)
 
 
 def test_one_process_torchrun_on_cuda_equals_a_plain_run(reverse_data, tmp_path):

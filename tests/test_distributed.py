@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import logged_losses
 from ranmt.config import load_config
 from ranmt.train import train
 
@@ -71,13 +72,7 @@ def test_compile_gives_the_same_losses_as_eager(reverse_data, tmp_path):
     train(load_config(None, values), reverse_data, tmp_path / "eager")
     train(load_config(None, {**values, "train.compile": "true"}), reverse_data,
           tmp_path / "compiled")
-
-    def losses(run):
-        return [float(line.split("loss ")[1].split()[0])
-                for line in (run / "train.log").read_text().splitlines()
-                if line.startswith("step ")]
-
-    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    eager, compiled = logged_losses(tmp_path / "eager"), logged_losses(tmp_path / "compiled")
     assert len(eager) == 5
     assert compiled == pytest.approx(eager, rel=1e-4)
 
@@ -91,7 +86,5 @@ def test_bf16_training_on_cuda(reverse_data, tmp_path):
               "train.tensorboard": "false", "train.log_every": "20"}
     summary = train(load_config(None, values), reverse_data, tmp_path / "run")
     assert summary["steps"] == 60 and summary["nonfinite_skipped"] == 0
-    losses = [float(line.split("loss ")[1].split()[0])
-              for line in (tmp_path / "run" / "train.log").read_text().splitlines()
-              if line.startswith("step ")]
+    losses = logged_losses(tmp_path / "run")
     assert losses[-1] < losses[0]

@@ -66,7 +66,10 @@ def _compile_works() -> bool:
 def test_compile_gives_the_same_losses_as_eager(reverse_data, tmp_path):
     if not _compile_works():
         pytest.skip("torch.compile cannot build kernels here")
+    # fp32: under `auto` a CPU with AVX512-BF16 trains in bf16, where compiled and eager
+    # kernels round differently (1.1e-4 apart on an Intel Xeon without AMX)
     values = {"model.preset": "tiny", "model.dropout": "0.0", "train.max_steps": "5",
+              "train.precision": "fp32",
               "train.validate_bleu": "false", "train.progress": "false",
               "train.tensorboard": "false", "data.max_tokens": "300", "train.log_every": "1"}
     train(load_config(None, values), reverse_data, tmp_path / "eager")

@@ -14,6 +14,16 @@ Target prefixes (``prefix`` (B, P) token ids, right-padded with PAD): for the fi
 counts in the score; the search continues freely after it, and the length limit is raised to
 the prefix length where it is shorter. Sampling (``ranmt.sampling``) runs through
 :func:`greedy_search` with another ``pick``.
+
+Three implementations of each search, with the same hypotheses and scores: the reference
+(growing caches, Python bookkeeping: the oracle of the tests), the fast shrinking search
+(static caches, finished sentences leave the batch: the fastest on a CPU) and the sync-free
+search (:func:`beam_search_sync_free`, :func:`greedy_search_sync_free`): every row stays in
+the batch to the end with masks in place of a shrinking active set, so that no step reads a
+device value on the host (no ``.item()``, ``bool(tensor)``, ``nonzero()``, boolean-mask
+indexing); whether everyone is done is read once every ``check_every`` steps. On a GPU the
+host then queues step after step without waiting for the device. :func:`search` picks it
+on CUDA and the shrinking search elsewhere unless told (``sync_free``).
 """
 
 from __future__ import annotations
@@ -451,20 +461,174 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     return finished.nbest(nbest)
 
 
+# ------------------------------------------------------------------------------ sync-free
+
+
+def _constrain_rows(logprobs: Tensor, step: int, fixed_length: int | None, caps: Tensor,
+                    prefix: Tensor | None) -> None:
+    """:func:`_constrain` for every row at once, without reading a device value on the host:
+    rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
+    (in place)."""
+    _suppress_early_eos(logprobs, step, fixed_length)
+    not_eos = torch.ones(logprobs.shape[-1], dtype=torch.bool, device=logprobs.device)
+    not_eos[EOS_ID] = False
+    logprobs.masked_fill_(caps.le(step)[:, None] & not_eos, float("-inf"))
+    if prefix is None or step >= prefix.shape[1]:
+        return
+    wanted = prefix[:, step: step + 1]  # (N, 1); PAD where the row's prefix has ended
+    forced = wanted.ne(PAD_ID)
+    kept = logprobs.gather(1, wanted)  # (N, 1)
+    logprobs.masked_fill_(forced, float("-inf"))
+    logprobs.scatter_(1, wanted, torch.where(forced, kept, logprobs.gather(1, wanted)))
+
+
+@torch.inference_mode()
+def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
+                            max_len_b: int = 10, limit: int | None = None,
+                            fixed_length: int | None = None, prefix: Tensor | None = None,
+                            check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``, the output of
+    :func:`greedy_search` without a host sync inside a step: every sentence stays in the
+    batch (a finished one writes PAD and adds nothing to its score) and whether all have
+    finished is read once every ``check_every`` steps."""
+    _check_every(check_every)
+    limit = model.config.max_positions - 1 if limit is None else limit
+    memory, pad_mask, _ = model.encode(src)
+    batch, device = src.shape[0], src.device
+    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, device), limit)
+    capacity = int(caps.max()) + 1
+    cache = model.init_cache(memory, pad_mask, capacity=capacity)
+    tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
+    lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)  # capacity: live
+    scores = torch.zeros(batch, device=device)
+    prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    for step in range(capacity):
+        logprobs = model.decode_step(prev, cache)  # (B, V)
+        _constrain_rows(logprobs, step, fixed_length, caps, prefix)
+        best_score, best = logprobs.max(dim=-1)  # (B,)
+        live = lengths.eq(capacity)
+        scores += best_score.masked_fill(~live, 0.0)
+        tokens[:, step] = best.masked_fill(~live, PAD_ID)
+        lengths.masked_fill_(live & best.eq(EOS_ID), step)
+        if (step + 1) % check_every == 0 and not bool(lengths.eq(capacity).any()):
+            break
+        prev = best[:, None]
+    lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
+    return [[(tokens[row][: lengths[row]], scores[row])] for row in range(batch)]
+
+
+def _check_every(check_every: int) -> None:
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1 (steps between checks whether every "
+                         f"sentence is done), not {check_every}")
+
+
+@torch.inference_mode()
+def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
+                          lenpen_style: str = "gnmt", max_len_a: float = 1.2,
+                          max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
+                          fixed_length: int | None = None, prefix: Tensor | None = None,
+                          check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``:
+    the hypotheses and scores of :func:`beam_search` without a host sync inside a step.
+
+    Every sentence keeps its ``beam`` rows to the end. A sentence that is done (``beam``
+    finished hypotheses, or nothing left to extend) takes no candidate and so gets -inf
+    beam scores: none of its candidates is taken again; its rows go on being computed and
+    are ignored. Finished
+    hypotheses are written with scatters into a slot per sentence (candidates that do not
+    finish go to a spare slot ``beam``), the beams are reordered within each sentence (the
+    memory side of a grouped cache never moves), and whether every sentence is done is read
+    once every ``check_every`` steps (at most ``check_every - 1`` wasted steps).
+    """
+    _check_every(check_every)
+    limit = model.config.max_positions - 1 if limit is None else limit
+    device, batch = src.device, src.shape[0]
+    memory, pad_mask, _ = model.encode(src)
+    caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
+    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
+    capacity = int(caps_all.max()) + 1
+    cache = model.init_cache(memory, pad_mask, group=beam, capacity=capacity)
+    finished = _Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
+    row_caps = caps_all.repeat_interleave(beam)  # (B*beam,)
+    row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
+    first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
+    beam_scores = torch.full((batch, beam), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0  # all beams start identical: only the first is alive
+    history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
+    prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    for step in range(capacity):
+        logprobs = model.decode_step(prev, cache)  # (B*beam, V)
+        _constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
+        width = min(2 * beam, logprobs.shape[-1])
+        row_scores, row_tokens = row_topk(logprobs, width)  # (B*beam, 2k)
+        candidates = (beam_scores.view(-1, 1) + row_scores).view(batch, beam * width)
+        top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (B, 2k)
+        top_beams = torch.div(top_ids, width, rounding_mode="floor")
+        top_tokens = row_tokens.view(batch, beam * width).gather(1, top_ids)
+
+        ends, extends, slots = _select_candidates(top_scores, top_tokens, finished.counts,
+                                                  beam)
+        _store_finished(finished, ends, slots, top_scores, top_beams, history, step,
+                        length_penalty(step + 1, lenpen, lenpen_style), beam)
+        keep = finished.counts.lt(beam) & extends.any(1)  # (B,)
+        if (step + 1) % check_every == 0 and not bool(keep.any()):
+            break
+        # A done sentence takes no candidate (its slots are full, or none was finite), so
+        # _next_beams gives it -inf beam scores: it stays done without a mask.
+        picked, beam_scores = _next_beams(extends, top_scores, beam)  # (B, beam)
+        rows = (first_row + top_beams.gather(1, picked)).view(-1)  # within each sentence
+        model.reorder_cache(cache, rows, within_groups=True)
+        history = history.index_select(0, rows)
+        history[:, step] = top_tokens.gather(1, picked).view(-1)
+        prev = history[:, step: step + 1]
+    return finished.nbest(nbest)
+
+
+def _store_finished(finished: _Finished, ends: Tensor, slots: Tensor, top_scores: Tensor,
+                    top_beams: Tensor, history: Tensor, step: int, penalty: float,
+                    beam: int) -> None:
+    """Write the finishing candidates ``ends`` (B, 2k) of every sentence into their slots
+    (B, 2k) of ``finished`` (scores divided by ``penalty``, the beam's history (B*beam,
+    capacity) up to ``step``) with scatters; the other candidates land in the spare slot."""
+    batch, width = ends.shape
+    target = torch.where(ends, slots, beam)  # (B, 2k)
+    finished.scores.scatter_(1, target, top_scores / penalty)
+    finished.lengths.scatter_(1, target, torch.full_like(target, step))
+    capacity = history.shape[1]
+    hypotheses = history.view(batch, -1, capacity).gather(
+        1, top_beams[..., None].expand(-1, -1, capacity))  # (B, 2k, capacity)
+    finished.tokens.scatter_(1, target[..., None].expand(-1, -1, capacity), hypotheses)
+    finished.counts += ends.sum(1)
+
+
 def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
            lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
            nbest: int = 1, fixed_length: int | None = None, reference: bool = False,
-           prefix: Tensor | None = None) -> list[list[tuple[list[int], float]]]:
-    """Greedy search for ``beam == 1``, beam search otherwise (the fast path unless
-    ``reference``). ``fixed_length`` L: every hypothesis has exactly L tokens (EOS is not
-    allowed before, and forced at, L), for speed measurements independent of what a model
-    happens to write. ``prefix`` (B, P): forced target prefixes (see the module docstring)."""
+           prefix: Tensor | None = None, sync_free: bool | None = None,
+           check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+    """Greedy search for ``beam == 1``, beam search otherwise. ``fixed_length`` L: every
+    hypothesis has exactly L tokens (EOS is not allowed before, and forced at, L), for speed
+    measurements independent of what a model happens to write. ``prefix`` (B, P): forced
+    target prefixes (see the module docstring).
+
+    Which implementation (same hypotheses and scores): the reference with ``reference``;
+    else the sync-free search (whether all are done read every ``check_every`` steps) when
+    ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search."""
     if beam < 1:
         raise ValueError(f"beam size must be >= 1, not {beam}")
-    greedy = greedy_search_reference if reference else greedy_search
-    beam_fn = beam_search_reference if reference else beam_search
+    if sync_free is None:
+        sync_free = src.device.type != "cpu"
+    if reference:
+        greedy, beam_fn, extra = greedy_search_reference, beam_search_reference, {}
+    elif sync_free:
+        greedy, beam_fn = greedy_search_sync_free, beam_search_sync_free
+        extra = {"check_every": check_every}
+    else:
+        greedy, beam_fn, extra = greedy_search, beam_search, {}
     if beam == 1:
         return greedy(model, src, max_len_a, max_len_b, fixed_length=fixed_length,
-                      prefix=prefix)
+                      prefix=prefix, **extra)
     return beam_fn(model, src, beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest,
-                   fixed_length=fixed_length, prefix=prefix)
+                   fixed_length=fixed_length, prefix=prefix, **extra)

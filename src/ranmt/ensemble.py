@@ -58,9 +58,9 @@ class Ensemble(nn.Module):
             total = logprobs if total is None else total + logprobs
         return total / len(self.members)
 
-    def reorder_cache(self, cache: dict, order: Tensor) -> None:
+    def reorder_cache(self, cache: dict, order: Tensor, within_groups: bool = False) -> None:
         for member, member_cache in zip(self.members, cache["members"]):
-            member.reorder_cache(member_cache, order)
+            member.reorder_cache(member_cache, order, within_groups)
 
     def forward_logprobs(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced mean log-probs (B, T, V) of tgt_in (B, T) given src (B, S)."""

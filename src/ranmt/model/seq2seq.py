@@ -158,16 +158,21 @@ class Seq2Seq(nn.Module):
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
     @staticmethod
-    def reorder_cache(cache: dict, order: Tensor) -> None:
+    def reorder_cache(cache: dict, order: Tensor, within_groups: bool = False) -> None:
         """Keep decoder rows ``order`` (1-D long; may repeat or shrink) of a decoder cache.
 
         In a grouped cache (``cache["group"]`` g > 1) rows come in groups of g that belong
         to one sentence (``order[j*g:(j+1)*g] // g`` all equal); the memory side is then
         reordered by sentence, and only when the set of sentences changes.
+        ``within_groups``: the caller guarantees that group j of ``order`` takes its rows
+        from group j (every sentence keeps its place: the sync-free search); nothing is
+        checked (no host sync) and the memory side is not touched.
         """
         group = cache.get("group", 1)
         sentence_order = order
-        if group > 1:
+        if within_groups and group > 1:
+            sentence_order = None
+        elif group > 1:
             if order.numel() % group:
                 raise ValueError(f"a grouped cache keeps rows in groups of {group}, "
                                  f"got {order.numel()} rows")

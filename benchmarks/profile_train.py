@@ -37,7 +37,7 @@ from ranmt.config import load_config
 from ranmt.dropout import fast_masks
 from ranmt.memory import retain_freed_memory
 from ranmt.model import build_model
-from ranmt.precision import bf16_activations
+from ranmt.precision import PrecisionPolicy
 from ranmt.train import label_smoothed_loss
 
 MODES = ("fp32", "bf16-autocast", "bf16")
@@ -58,20 +58,26 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     fast = mode.endswith("+fast")
     precision = mode.removesuffix("+fast").removesuffix("-compiled")
     forward = torch.compile(model) if mode.endswith("-compiled") else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+    policy = PrecisionPolicy(precision.removesuffix("-autocast"), device.type)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+                                  fused=policy.fused_optimizer or None)
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(4, vocab, (sentences, length), generator=gen)
     tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
     src, tgt = src.to(device), tgt.to(device)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    autocast = precision != "fp32"
-    # bf16 residual streams are the CPU trainer's (the GPU trainer uses plain autocast)
-    bf16_residual = precision == "bf16" and device.type == "cpu"
+    # fp32, bf16: as the trainer runs them (ranmt.precision.PrecisionPolicy: on a CPU bf16
+    # residual streams too); bf16-autocast: autocast alone
+    plain_autocast = precision == "bf16-autocast"
+
+    def context():
+        if plain_autocast:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return policy.forward()
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast), \
-                bf16_activations(bf16_residual), fast_masks(fast):
+        with context(), fast_masks(fast):
             logits = forward(src, tgt_in)
         loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
         (loss / tgt_out.numel()).backward()
@@ -139,8 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cpu" and not args.default_allocator:
         retain_freed_memory()
     if args.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True  # as the trainer sets it
-        torch.backends.cudnn.allow_tf32 = True
+        PrecisionPolicy("fp32", "cuda").configure_matmuls()  # TF32, as the trainer sets it
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch "
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")

@@ -80,14 +80,15 @@ def _syncs(run) -> SyncCounter:
     return counter
 
 
-@pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all"])
+@pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
 @pytest.mark.parametrize("beam", [1, 4])
-def test_sync_free_search_reads_nothing_on_the_host_inside_its_steps(arch, beam):
+def test_sync_free_search_reads_nothing_on_the_host_inside_its_steps(self_attention, cross,
+                                                                     beam):
     """Syncs per step measured as the difference between two fixed lengths (what a search
     does once, before and after its steps, cancels): the shrinking search makes at least
     two a step, the sync-free one none with the check beyond the last step and one every
     ``check_every`` steps otherwise."""
-    model, _ = tiny_model(seed=0, **{"model.arch": arch})
+    model = _model(self_attention, cross, 0)
     src, _ = random_batch(batch=5, src_len=9)
 
     def per_step(**options) -> float:

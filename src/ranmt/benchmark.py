@@ -137,13 +137,14 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
     as the trainer runs it (bf16: autocast and bf16 residual streams, fp32 weights), with
     ``dropout_masks`` as ``train.dropout_masks``."""
     from ranmt.dropout import fast_masks
-    from ranmt.precision import bf16_activations
+    from ranmt.precision import PrecisionPolicy
 
-    bf16 = precision == "bf16"
+    policy = PrecisionPolicy(precision, device.type)
     lengths = np.array([len(s) for s in sources])
     batches = make_batches(lengths, lengths, max_tokens)
     model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-5,
+                                 fused=policy.fused_optimizer or None)
     tokens = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -153,9 +154,7 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
         arrays = [np.array(sources[i]) for i in rows]
         batch = collate(arrays, arrays, rows).to(device)
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), \
-                bf16_activations(bf16 and device.type == "cpu"), \
-                fast_masks(dropout_masks == "fast"):
+        with policy.forward(), fast_masks(dropout_masks == "fast"):
             logits = model(batch.src, batch.tgt_in)
         loss, _ = label_smoothed_loss(logits, batch.tgt_out, 0.1)
         loss.backward()

@@ -241,8 +241,8 @@ class TrainConfig:
     patience: int = 0
     """Early stopping: validations without improvement before stopping (0 = off)."""
     precision: Precision = "auto"
-    """fp32 | bf16 | fp16 | auto (bf16 on a CUDA GPU that has it or a CPU with native bf16 --
-    AVX512-BF16 or AMX --, else fp32; ranmt.precision)."""
+    """fp32 | bf16 | fp16 | auto (bf16 on a CPU with native bf16 -- AVX512-BF16 or AMX --,
+    fp32 with TF32 products on CUDA, where it measured faster, else fp32; ranmt.precision)."""
     dropout_masks: DropoutMasks = "torch"
     """torch (PyTorch's dropout) | fast: CPU training draws dropout masks from bulk random
     bits, ~4.7x cheaper per mask (ranmt.dropout; p rounded to a multiple of 2^-16). Runs

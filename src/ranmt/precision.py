@@ -1,4 +1,15 @@
-"""Precision on CPUs: whether a CPU computes bf16 natively, and bf16 activations.
+"""Precision per device: the policy object every training step, validation and benchmark
+runs under, whether a CPU computes bf16 natively, and bf16 activations.
+
+**The policy.** :class:`PrecisionPolicy` (a resolved precision on one device type) decides
+what a precision means there, in one place: on a CPU with native bf16, ``bf16`` is autocast
+*and* bf16 residual streams (below) with fp32 attention softmaxes under dropout; on CUDA it
+is plain bf16 autocast (SDPA runs its fused bf16 kernels; no CPU-only tricks), fp32 uses TF32
+matrix products, and the optimizer is PyTorch's fused Adam. ``policy.forward()`` is the
+context of every forward pass, so training, validation and the benchmarks run one numeric
+regime. ``auto`` (:func:`resolve_precision`): bf16 on a CPU with native bf16, fp32 with TF32
+on CUDA (bf16 autocast measured 0.50-0.69x of it for ``base`` on an H100, equal loss:
+docs/PERFORMANCE.md "On a GPU"), fp32 elsewhere; the reason goes into the log line.
 
 **Native bf16.** ``train.precision=auto`` picks bf16 on a CPU only where the CPU has bf16
 instructions (AVX512-BF16 or AMX-BF16, read from the CPU flags the kernel reports) — there
@@ -105,20 +116,28 @@ class PrecisionError(ValueError):
     pass
 
 
+CUDA_AUTO_REASON = ("auto: on CUDA fp32 with TF32 products trains small/base models faster"
+                    " than bf16 autocast at equal loss (0.50-0.69x for bf16 on an H100; "
+                    "docs/PERFORMANCE.md 'On a GPU')")
+
+
 def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
     """``train.precision`` (auto | fp32 | bf16 | fp16) on ``device`` -> (fp32 | bf16 | fp16,
-    the reason in words). ``auto``: bf16 on a CUDA GPU that supports it or on a CPU with
-    native bf16 (:func:`cpu_bf16_support`), fp32 elsewhere. An explicit ``bf16`` on a CPU
-    without native bf16 is an error (it would run, emulated, slower than fp32)."""
+    the reason in words). ``auto``: bf16 on a CPU with native bf16
+    (:func:`cpu_bf16_support`), fp32 (TF32 products) on CUDA, where it measured faster
+    (:data:`CUDA_AUTO_REASON`), fp32 elsewhere. An explicit ``bf16`` on a CPU without native
+    bf16 is an error (it would run, emulated, slower than fp32); on a GPU without bf16 too."""
     if requested in ("fp32", "fp16"):
         return requested, "as configured"
     if requested not in ("auto", "bf16"):
         raise PrecisionError(f"train.precision must be auto, fp32, bf16 or fp16, not "
                              f"'{requested}'")
     if device.type == "cuda":
-        if requested == "bf16" or torch.cuda.is_bf16_supported():
-            return "bf16", "as configured" if requested == "bf16" else "auto: the GPU has bf16"
-        return "fp32", "auto: the GPU has no bf16"
+        if requested == "auto":
+            return "fp32", CUDA_AUTO_REASON
+        if not torch.cuda.is_bf16_supported():
+            raise PrecisionError("train.precision=bf16 on a GPU without bf16; use fp32 or fp16")
+        return "bf16", "as configured"
     native, why = cpu_bf16_support()
     if requested == "bf16":
         if not native:
@@ -136,3 +155,72 @@ def legacy_precision(requested: str, device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return "bf16"
     return "fp32"
+
+
+class PrecisionPolicy:
+    """A resolved precision (fp32 | bf16 | fp16) on one device type (cpu | cuda | ...): what
+    it means there, for every forward pass, the optimizer and the matrix products.
+
+    ``forward()`` is the context of a forward pass (training step, validation, benchmark):
+    autocast to :attr:`autocast_dtype` and, for bf16 on a CPU, bf16 residual streams.
+    """
+
+    def __init__(self, name: str, device_type: str, reason: str = "as configured"):
+        if name not in PRECISIONS:
+            raise PrecisionError(f"a resolved precision is fp32, bf16 or fp16, not '{name}'")
+        self.name, self.device_type, self.reason = name, device_type, reason
+
+    @classmethod
+    def resolve(cls, requested: str, device: torch.device) -> PrecisionPolicy:
+        """The policy of ``train.precision`` ``requested`` on ``device``
+        (:func:`resolve_precision`)."""
+        name, reason = resolve_precision(requested, device)
+        return cls(name, device.type, reason)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None: no autocast)."""
+        return PRECISIONS[self.name]
+
+    @property
+    def bf16_residual_stream(self) -> bool:
+        """Embedders cast to bf16 (:func:`bf16_activations`): bf16 on a CPU only. On CUDA
+        autocast alone is faster (the elementwise work is not what limits a GPU)."""
+        return self.name == "bf16" and self.device_type == "cpu"
+
+    @property
+    def fused_optimizer(self) -> bool:
+        """Adam's update as one fused kernel (``fused=True``): on CUDA, where it saves a
+        launch per parameter; the CPU keeps the ``foreach`` update its results were made with."""
+        return self.device_type == "cuda"
+
+    @property
+    def tf32(self) -> bool:
+        """fp32 matrix products in TF32 (CUDA)."""
+        return self.device_type == "cuda"
+
+    def configure_matmuls(self) -> None:
+        """Set the process-wide matrix-product options this policy wants (TF32 on CUDA)."""
+        if self.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+    @property
+    def loss_scaling(self) -> bool:
+        """fp16 needs a gradient scaler; bf16 and fp32 do not."""
+        return self.name == "fp16"
+
+    def describe(self) -> str:
+        """For the log line: e.g. ``bf16 (the CPU has avx512_bf16)``."""
+        return f"{self.name} ({self.reason})"
+
+    @contextlib.contextmanager
+    def forward(self):
+        """The context of a forward pass in this precision."""
+        with torch.autocast(self.device_type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None), \
+                bf16_activations(self.bf16_residual_stream):
+            yield
+
+    def __repr__(self) -> str:
+        return f"PrecisionPolicy({self.name!r}, {self.device_type!r}, {self.reason!r})"

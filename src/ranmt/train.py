@@ -59,7 +59,7 @@ from ranmt.evaluate import score
 from ranmt.loss import label_smoothed_loss
 from ranmt.memory import retain_freed_memory
 from ranmt.model import build_model, count_parameters
-from ranmt.precision import PRECISIONS, bf16_activations, legacy_precision, resolve_precision
+from ranmt.precision import PrecisionPolicy, legacy_precision
 from ranmt.translator import Translator
 
 
@@ -139,17 +139,17 @@ class Logger:
 
 
 @torch.no_grad()
-def validate(model, valid, cfg: Config, device, autocast_dtype, translator: Translator | None,
-             references: list[str], note=None) -> dict:
-    """Validation loss/perplexity and (optionally) greedy BLEU; ``note`` (a function of one
-    line, default stderr) gets what the caller should know (e.g. truncated pairs)."""
+def validate(model, valid, cfg: Config, device, policy: PrecisionPolicy,
+             translator: Translator | None, references: list[str], note=None) -> dict:
+    """Validation loss/perplexity and (optionally) greedy BLEU; the forward passes run in the
+    training steps' regime (``policy.forward()``); ``note`` (a function of one line, default
+    stderr) gets what the caller should know (e.g. truncated pairs)."""
     model.eval()
     total_loss = total_nll = total_tokens = 0.0
     lengths = np.array([len(s) for s in valid.src]), np.array([len(t) for t in valid.tgt])
     for indices in make_batches(*lengths, cfg.data.max_tokens):
         batch = batch_from_split(valid, indices, cfg.model.max_positions).to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype,
-                            enabled=autocast_dtype is not None):
+        with policy.forward():
             logits = model(batch.src, batch.tgt_in)
         loss, nll = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
         total_loss += float(loss)
@@ -213,9 +213,6 @@ class TrainingRun:
         self.ctx, self.device = init_distributed(self.t.device)
         if self.t.threads > 0:
             torch.set_num_threads(self.t.threads)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
         if self.device.type == "cpu":
             retain_freed_memory()  # no page faults on every step's large buffers (memory.py)
         torch.manual_seed(self.t.seed)
@@ -253,15 +250,15 @@ class TrainingRun:
         t = self.t
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,
                                           betas=tuple(t.adam_betas), eps=t.adam_eps,
-                                          weight_decay=t.weight_decay)
+                                          weight_decay=t.weight_decay,
+                                          fused=self.policy.fused_optimizer or None)
         if self.resume_from is not None:
             optim_state, extra = load_training_state(self.resume_from)
             self.optimizer.load_state_dict(optim_state)
             torch.set_rng_state(extra["cpu_rng"])
             if device.type == "cuda" and "cuda_rng" in extra:
                 torch.cuda.set_rng_state(extra["cuda_rng"], device)
-        self.scaler = torch.amp.GradScaler(device.type,
-                                           enabled=self.autocast_dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.policy.loss_scaling)
 
     def _setup_precision(self) -> None:
         """The run's precision: resolved once when it starts (``auto`` by the hardware,
@@ -269,17 +266,15 @@ class TrainingRun:
         in the precision it started in, on any machine."""
         recorded = self.state.get("precision")
         if recorded is not None:
-            self.precision, self.precision_reason = recorded, "as the run started"
+            self.policy = PrecisionPolicy(recorded, self.device.type, "as the run started")
         elif self.resume_from is not None:  # started before the precision was recorded
-            self.precision = legacy_precision(self.t.precision, self.device)
-            self.precision_reason = "as the run started, before CPUs trained in bf16"
+            self.policy = PrecisionPolicy(legacy_precision(self.t.precision, self.device),
+                                          self.device.type,
+                                          "as the run started, before CPUs trained in bf16")
         else:
-            self.precision, self.precision_reason = resolve_precision(self.t.precision,
-                                                                      self.device)
-        self.state["precision"] = self.precision
-        self.autocast_dtype = PRECISIONS[self.precision]
-        # bf16 on a CPU: bf16 residual streams as well as bf16 products (precision.py)
-        self.bf16_activations = self.precision == "bf16" and self.device.type == "cpu"
+            self.policy = PrecisionPolicy.resolve(self.t.precision, self.device)
+        self.precision = self.state["precision"] = self.policy.name
+        self.policy.configure_matmuls()
 
     def _setup_data(self) -> None:
         """Training pairs (too long ones skipped), validation split, references, translator."""
@@ -314,7 +309,7 @@ class TrainingRun:
         self.params = count_parameters(self.model)
         self.log.line(
             f"ranmt train: {self.params['total']:,} parameters, device {self.device}, "
-            f"precision {self.precision} ({self.precision_reason}), "
+            f"precision {self.policy.describe()}, "
             f"{len(self.train_split)} training pairs"
             + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
                f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
@@ -402,10 +397,7 @@ class TrainingRun:
             sync = contextlib.nullcontext() if (last or not ctx.enabled) \
                 else self.ddp_model.no_sync()
             with sync:
-                with torch.autocast(device.type, dtype=self.autocast_dtype,
-                                    enabled=self.autocast_dtype is not None), \
-                        bf16_activations(self.bf16_activations), \
-                        fast_masks(t.dropout_masks == "fast"):
+                with self.policy.forward(), fast_masks(t.dropout_masks == "fast"):
                     logits = self.step_model(batch.src, batch.tgt_in)
                 loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
                 self.scaler.scale(loss * loss_scale).backward()
@@ -506,7 +498,7 @@ class TrainingRun:
             self.stop_reason = broadcast_object(None, ctx)
             return None
         result = validate(self.model, self.valid_split, self.cfg, self.device,
-                          self.autocast_dtype, self.translator, self.references,
+                          self.policy, self.translator, self.references,
                           note=self.log.line)
         metric = result.get("valid_bleu", -result["valid_loss"])
         best = state["best_bleu"]

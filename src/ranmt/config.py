@@ -202,6 +202,11 @@ class DataConfig:
     """Upper bound on sentences per batch (0 = none)."""
     bucket_noise: float = 0.5
     """Random noise added to lengths before sorting, so batches differ between epochs."""
+    shape_buckets: tuple[int, ...] = ()
+    """Training batches padded to a few static shapes: a batch's length (both sides) to the
+    smallest of these lengths that holds it, its sentences to max_tokens // that length
+    (e.g. [16,24,32,48,64,96,128]; empty = off). One compiled graph per shape for
+    train.compile (compiled with dynamic=False then); the padding is in the log."""
 
 
 @dataclass
@@ -438,6 +443,12 @@ def _convert(value: Any, typ: Any, key: str) -> Any:
             if isinstance(value, str):
                 value = yaml.safe_load(value if value.strip().startswith("[") else f"[{value}]")
             args = typing.get_args(typ)
+            if len(args) == 2 and args[1] is Ellipsis:  # tuple[T, ...]: any length
+                if value is None:
+                    return ()
+                if not isinstance(value, (list, tuple)):
+                    raise ValueError
+                return tuple(_convert(v, args[0], key) for v in value)
             if not isinstance(value, (list, tuple)) or len(value) != len(args):
                 raise ValueError
             return tuple(_convert(v, a, key) for v, a in zip(value, args))
@@ -555,6 +566,10 @@ def validate(cfg: Config) -> None:
     parse_duration(t.max_time)
     if cfg.data.max_tokens < 1:
         raise ConfigError("data.max_tokens must be >= 1")
+    buckets = cfg.data.shape_buckets
+    if any(length < 2 for length in buckets) or list(buckets) != sorted(set(buckets)):
+        raise ConfigError("data.shape_buckets must be increasing lengths >= 2 (tokens per "
+                          f"side, EOS included), not {list(buckets)}")
 
 
 def parse_duration(text: str | int | float) -> float:

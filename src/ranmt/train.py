@@ -44,7 +44,13 @@ from ranmt.config import (
     save_yaml,
     to_dict,
 )
-from ranmt.data.batching import BatchPrefetcher, batch_from_split, make_batches, rank_plan
+from ranmt.data.batching import (
+    BatchPrefetcher,
+    ShapeBuckets,
+    batch_from_split,
+    make_batches,
+    rank_plan,
+)
 from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_split, raw_text
 from ranmt.data.vocab import Vocab
 from ranmt.distributed import (
@@ -245,8 +251,12 @@ class TrainingRun:
         if self.ctx.enabled:
             self.step_model = self.ddp_model = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
-        if self.t.compile:
-            self.step_model = torch.compile(self.step_model)
+        data = cfg.data
+        self.buckets = ShapeBuckets(data.shape_buckets, data.max_tokens, data.max_sentences,
+                                    cfg.model.max_positions) if data.shape_buckets else None
+        if self.t.compile:  # with shape buckets: one static graph per shape
+            self.step_model = torch.compile(self.step_model,
+                                            dynamic=False if self.buckets else None)
         t = self.t
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,
                                           betas=tuple(t.adam_betas), eps=t.adam_eps,
@@ -353,10 +363,13 @@ class TrainingRun:
         ctx, t = self.ctx, self.t
         batches = make_batches(self.src_lens, self.tgt_lens, self.cfg.data.max_tokens,
                                self.cfg.data.max_sentences, seed=t.seed, epoch=self.epoch,
-                               noise=self.cfg.data.bucket_noise)
+                               noise=self.cfg.data.bucket_noise, buckets=self.buckets)
+        if self.buckets is not None and self.batch_index == 0:
+            self._log_shapes(batches)
         per_step = ctx.world_size * t.accumulation
         plan = rank_plan(batches, self.batch_index, ctx.world_size, ctx.rank, t.accumulation)
-        prefetcher = BatchPrefetcher(self.train_split, plan)  # a worker builds the batches
+        # a worker builds the batches
+        prefetcher = BatchPrefetcher(self.train_split, plan, buckets=self.buckets)
         try:
             while len(batches) - self.batch_index >= ctx.world_size:
                 group = batches[self.batch_index: self.batch_index + per_step][
@@ -374,6 +387,15 @@ class TrainingRun:
         if self.stop_reason is None:
             self.epoch += 1
             self.batch_index = 0
+
+    def _log_shapes(self, batches: list) -> None:
+        """The epoch's batch shapes and their padding (shape buckets)."""
+        shapes = {self.buckets.shape(int(max(self.src_lens[b].max(), self.tgt_lens[b].max()))
+                                     + 1) for b in batches}
+        padded, plain = self.buckets.padding(batches, self.src_lens, self.tgt_lens)
+        self.log.line(f"epoch {self.epoch + 1}: {len(batches)} batches in {len(shapes)} "
+                      f"shapes (data.shape_buckets), padding {padded:.1%} of the batch slots "
+                      f"({plain:.1%} without buckets)")
 
     def optimizer_step(self, group: list, prefetcher: BatchPrefetcher) -> bool:
         """Forward/backward over the step's batches, then one update; False if skipped."""

@@ -5,10 +5,18 @@ A batch holds at most ``max_tokens`` tokens counted as ``sentences x longest sid
 from lengths sorted with a little noise and visited in a shuffled order that depends only
 on ``(seed, epoch)``: the position inside an epoch (its batch index) is all that is
 needed to resume exactly.
+
+Static shapes (:class:`ShapeBuckets`): a compiled training step recompiles for every new
+batch shape, and a CUDA graph replays one shape only. With shape buckets a batch's width
+is rounded up to the smallest bucket length that holds it when batches are formed, and the
+batch is padded to ``(max_tokens // length, length)`` on both sides: as many shapes as
+buckets. Padding rows are a lone EOS on the source side (no fully masked attention row)
+and PAD targets, so they add nothing to the loss or the gradients.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +25,54 @@ import torch
 from ranmt.data.vocab import BOS, EOS, PAD
 
 
+class ShapeBuckets:
+    """The (sentences, length) shapes training batches are padded to: a width (tokens per
+    side, EOS included) goes to the smallest bucket length that holds it, capped at
+    ``max_positions`` (the model's limit, which truncation keeps every batch within); a
+    length of L holds ``max_tokens // L`` sentences (at most ``max_sentences`` when set)."""
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, max_sentences: int = 0,
+                 max_positions: int | None = None):
+        lengths = sorted(set(int(length) for length in lengths))
+        if not lengths or lengths[0] < 1:
+            raise ValueError(f"shape buckets need positive lengths, not {lengths}")
+        if max_positions is not None:
+            lengths = [length for length in lengths if length < max_positions] + [max_positions]
+        self.lengths = np.array(lengths, dtype=np.int64)
+        self.max_tokens, self.max_sentences = max_tokens, max_sentences
+
+    def widths(self, widths: np.ndarray) -> np.ndarray:
+        """Bucketed widths (vectorised); a width beyond the largest bucket stays as it is."""
+        widths = np.asarray(widths, dtype=np.int64)
+        where = np.searchsorted(self.lengths, widths)  # first bucket >= width
+        inside = where < len(self.lengths)
+        return np.where(inside, self.lengths[np.minimum(where, len(self.lengths) - 1)], widths)
+
+    def shape(self, width: int) -> tuple[int, int]:
+        """(sentences, length) of a batch whose widest side is ``width`` tokens."""
+        length = int(self.widths(np.array([width]))[0])
+        rows = max(1, self.max_tokens // length)
+        return (min(rows, self.max_sentences) if self.max_sentences else rows), length
+
+    def padding(self, batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray
+                ) -> tuple[float, float]:
+        """(share of padding in the bucketed batches' slots, share without buckets): slots
+        are sentences x width of each side; lengths without EOS, as :func:`make_batches`
+        takes them."""
+        real = padded = plain = 0
+        for indices in batches:
+            src, tgt = np.asarray(src_lens)[indices] + 1, np.asarray(tgt_lens)[indices] + 1
+            rows, length = self.shape(int(max(src.max(), tgt.max())))
+            real += int(src.sum() + tgt.sum())
+            padded += 2 * rows * length
+            plain += len(indices) * int(src.max() + tgt.max())
+        return 1 - real / max(padded, 1), 1 - real / max(plain, 1)
+
+
 def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
                  max_sentences: int = 0, seed: int | None = None, epoch: int = 0,
-                 noise: float = 0.0) -> list[np.ndarray]:
+                 noise: float = 0.0, buckets: ShapeBuckets | None = None
+                 ) -> list[np.ndarray]:
     """Index arrays of batches covering every example exactly once.
 
     With ``seed`` None the order is deterministic by length (for decoding); otherwise lengths
@@ -27,7 +80,8 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
 
     Examples are visited in order of (target, source) length; a batch grows while its
     ``size x widest`` stays within ``max_tokens`` (and its size within ``max_sentences``);
-    an example wider than ``max_tokens`` forms a batch of its own. Vectorised: one pass of
+    an example wider than ``max_tokens`` forms a batch of its own. With ``buckets`` the
+    widths are bucketed first, so every batch fits its padded shape. Vectorised: one pass of
     numpy operations per batch over a window no longer than the batch can be, never a
     Python loop over the examples (:func:`_greedy_cuts`).
     """
@@ -40,6 +94,8 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
     order = _length_order(src_lens, tgt_lens, jitter)
     widths = np.maximum(src_lens, tgt_lens)[order]
+    if buckets is not None:
+        widths = buckets.widths(widths)
     cuts = _greedy_cuts(widths, max_tokens, max_sentences)
     batches = np.split(order, cuts)
     if rng is not None:
@@ -141,35 +197,59 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=True), self.indices)
 
 
-def pad_sources(seqs: list[np.ndarray] | list[list[int]]) -> torch.Tensor:
-    """Sources + EOS, right-padded: (B, S)."""
+def pad_sources(seqs: list[np.ndarray] | list[list[int]],
+                shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """Sources + EOS, right-padded: (B, S); with ``shape`` (rows, S) padded to it, the extra
+    rows a lone EOS."""
     width = max(len(s) for s in seqs) + 1
-    out = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    rows = len(seqs)
+    if shape is not None:
+        rows, width = _check_shape(shape, len(seqs), width)
+    out = torch.full((rows, width), PAD, dtype=torch.long)
+    out[len(seqs):, 0] = EOS
     for row, seq in enumerate(seqs):
         out[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
         out[row, len(seq)] = EOS
     return out
 
 
-def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray) -> Batch:
+def _check_shape(shape: tuple[int, int], rows: int, width: int) -> tuple[int, int]:
+    if shape[0] < rows or shape[1] < width:
+        raise ValueError(f"a batch of {rows} x {width} does not fit the shape {shape}")
+    return shape
+
+
+def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray,
+            shape: tuple[int, int] | None = None) -> Batch:
+    """Padded tensors of a batch; with ``shape`` (rows, length) both sides padded to it (the
+    extra rows: a lone EOS source, BOS then PAD target input, PAD target output)."""
     width = max(len(t) for t in tgt) + 1
-    tgt_in = torch.full((len(tgt), width), PAD, dtype=torch.long)
-    tgt_out = torch.full((len(tgt), width), PAD, dtype=torch.long)
+    rows = len(tgt)
+    if shape is not None:
+        rows, width = _check_shape(shape, len(tgt), width)
+    tgt_in = torch.full((rows, width), PAD, dtype=torch.long)
+    tgt_out = torch.full((rows, width), PAD, dtype=torch.long)
+    tgt_in[len(tgt):, 0] = BOS
     for row, seq in enumerate(tgt):
         ids = torch.as_tensor(np.asarray(seq, dtype=np.int64))
         tgt_in[row, 0] = BOS
         tgt_in[row, 1: len(seq) + 1] = ids
         tgt_out[row, : len(seq)] = ids
         tgt_out[row, len(seq)] = EOS
-    return Batch(pad_sources(src), tgt_in, tgt_out, indices)
+    return Batch(pad_sources(src, shape), tgt_in, tgt_out, indices)
 
 
-def batch_from_split(split, indices: np.ndarray, max_positions: int | None = None) -> Batch:
-    """Collate examples ``indices`` of an :class:`EncodedSplit` (truncated to fit positions)."""
+def batch_from_split(split, indices: np.ndarray, max_positions: int | None = None,
+                     buckets: ShapeBuckets | None = None) -> Batch:
+    """Collate examples ``indices`` of an :class:`EncodedSplit` (truncated to fit positions),
+    padded to its bucket's shape when ``buckets`` are given."""
     limit = None if max_positions is None else max_positions - 1
     src = [split.src[i][:limit] for i in indices]
     tgt = [split.tgt[i][:limit] for i in indices]
-    return collate(src, tgt, indices)
+    if buckets is None:
+        return collate(src, tgt, indices)
+    width = max(max(len(s) for s in src), max(len(t) for t in tgt)) + 1
+    return collate(src, tgt, indices, shape=buckets.shape(width))
 
 
 class BatchPrefetcher:
@@ -181,7 +261,7 @@ class BatchPrefetcher:
     """
 
     def __init__(self, split, plan: list[np.ndarray], max_positions: int | None = None,
-                 depth: int = 8):
+                 depth: int = 8, buckets: ShapeBuckets | None = None):
         import queue
         import threading
 
@@ -192,7 +272,7 @@ class BatchPrefetcher:
         def work() -> None:
             try:
                 for indices in plan:
-                    batch = batch_from_split(split, indices, max_positions)
+                    batch = batch_from_split(split, indices, max_positions, buckets)
                     while not self._stop.is_set():
                         try:
                             self._queue.put(batch, timeout=0.1)

@@ -1,0 +1,150 @@
+"""Shape buckets: training batches padded to a few static shapes (for compiled and graphed
+steps). Every example exactly once, every batch inside its shape, no more shapes than
+buckets, the reported padding equal to the collated tensors', padding rows that change
+neither loss nor gradients, and a compiled step that compiles once per shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_model
+from ranmt.config import ConfigError, load_config
+from ranmt.data.batching import ShapeBuckets, batch_from_split, collate, make_batches
+from ranmt.data.corpus import EncodedSplit
+from ranmt.loss import label_smoothed_loss
+from ranmt.model import PAD_ID
+
+BUCKETS = [8, 16, 24, 32, 48, 64]
+
+
+def _corpus(count: int = 600, seed: int = 0, vocab: int = 40) -> EncodedSplit:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 60, size=(count, 2))
+    return EncodedSplit([rng.integers(4, vocab, size=n) for n in lengths[:, 0]],
+                        [rng.integers(4, vocab, size=n) for n in lengths[:, 1]])
+
+
+def _lengths(split):
+    return (np.array([len(s) for s in split.src]), np.array([len(t) for t in split.tgt]))
+
+
+@pytest.mark.parametrize("max_sentences", [0, 12])
+def test_bucketed_batches_cover_every_example_once_and_fit_their_shapes(max_sentences):
+    split = _corpus()
+    src_lens, tgt_lens = _lengths(split)
+    buckets = ShapeBuckets(BUCKETS, 512, max_sentences, max_positions=128)
+    batches = make_batches(src_lens, tgt_lens, 512, max_sentences, seed=3, epoch=1,
+                           noise=0.5, buckets=buckets)
+    covered = np.sort(np.concatenate(batches))
+    assert np.array_equal(covered, np.arange(len(split)))
+    shapes = set()
+    for indices in batches:
+        batch = batch_from_split(split, indices, buckets=buckets)
+        rows, length = batch.src.shape
+        assert batch.tgt_in.shape == batch.tgt_out.shape == (rows, length)
+        assert length in BUCKETS + [128] and rows >= len(indices)
+        assert rows * length <= 512 or len(indices) == 1
+        if max_sentences:
+            assert rows <= max_sentences
+        widest = int(max(src_lens[indices].max(), tgt_lens[indices].max())) + 1
+        assert length == min(b for b in BUCKETS + [128] if b >= widest)
+        shapes.add((rows, length))
+    assert len(shapes) <= len(BUCKETS)
+
+
+def test_reported_padding_is_the_collated_padding():
+    split = _corpus(seed=1)
+    src_lens, tgt_lens = _lengths(split)
+    buckets = ShapeBuckets(BUCKETS, 600)
+    batches = make_batches(src_lens, tgt_lens, 600, seed=1, noise=0.5, buckets=buckets)
+    padded, plain = buckets.padding(batches, src_lens, tgt_lens)
+    real = slots = plain_slots = 0
+    for indices in batches:
+        batch = batch_from_split(split, indices, buckets=buckets)
+        rows = len(indices)
+        real += int(batch.src[:rows].ne(PAD_ID).sum() + batch.tgt_out[:rows].ne(PAD_ID).sum())
+        slots += batch.src.numel() + batch.tgt_out.numel()
+        bare = batch_from_split(split, indices)
+        plain_slots += bare.src.numel() + bare.tgt_out.numel()
+    assert padded == pytest.approx(1 - real / slots)
+    assert plain == pytest.approx(1 - real / plain_slots)
+    assert 0 < plain < padded < 0.6
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all", "syn-r"])
+def test_padding_rows_and_columns_change_neither_loss_nor_gradients(arch):
+    model, _ = tiny_model(seed=1, **{"model.arch": arch, "model.max_positions": 64})
+    model.eval()  # no dropout (masks of another shape would be other draws); grads still flow
+    rng = np.random.default_rng(2)
+    src = [rng.integers(4, 40, size=n) for n in (5, 9, 3)]
+    tgt = [rng.integers(4, 40, size=n) for n in (7, 4, 6)]
+
+    def loss_and_grads(shape):
+        batch = collate(src, tgt, np.arange(3), shape=shape)
+        model.zero_grad(set_to_none=True)
+        loss, _ = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    loss, grads = loss_and_grads(None)
+    padded_loss, padded_grads = loss_and_grads((8, 16))
+    assert padded_loss == pytest.approx(loss, rel=1e-5)
+    assert len(grads) == len(padded_grads)
+    for grad, padded in zip(grads, padded_grads):
+        torch.testing.assert_close(padded, grad, rtol=1e-4, atol=1e-5)  # summation order
+
+
+def test_a_batch_larger_than_its_shape_is_an_error():
+    with pytest.raises(ValueError, match="does not fit"):
+        collate([np.array([5, 6, 7])], [np.array([5])], np.arange(1), shape=(1, 3))
+
+
+def test_shape_buckets_config_is_checked():
+    cfg = load_config(None, {"data.shape_buckets": "[16, 32, 64]"})
+    assert cfg.data.shape_buckets == (16, 32, 64)
+    assert load_config(None, {}).data.shape_buckets == ()
+    with pytest.raises(ConfigError, match="shape_buckets"):
+        load_config(None, {"data.shape_buckets": "[32, 16]"})
+
+
+def test_training_with_shape_buckets_logs_its_shapes(reverse_data, tmp_path):
+    from ranmt.train import train
+    from test_train import _cfg
+
+    summary = train(_cfg(**{"train.max_steps": 6, "data.shape_buckets": "[8, 12, 16, 24]"}),
+                    reverse_data, tmp_path / "run")
+    assert summary["steps"] == 6
+    log = (tmp_path / "run/train.log").read_text()
+    line = next(line for line in log.splitlines() if "data.shape_buckets" in line)
+    shapes = int(line.split(" batches in ")[1].split()[0])
+    assert 1 <= shapes <= 4 and "padding" in line
+
+
+def test_compiled_step_compiles_once_per_shape():
+    """torch.compile (dynamic=False, as the trainer does with buckets) over an epoch of
+    bucketed batches: the graphs compiled are those of the first shape times the number
+    of shapes, and the losses equal eager's."""
+    import torch._dynamo
+
+    split = _corpus(count=200, seed=4)
+    buckets = ShapeBuckets([16, 32, 64], 640)
+    batches = make_batches(*_lengths(split), 640, seed=1, noise=0.5, buckets=buckets)
+    model, _ = tiny_model(seed=0, **{"model.arch": "transf", "model.max_positions": 64})
+    model.train()
+    compiled = torch.compile(model, dynamic=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    shapes, per_shape = set(), None
+    for indices in batches:
+        batch = batch_from_split(split, indices, buckets=buckets)
+        shapes.add(tuple(batch.src.shape))
+        loss, _ = label_smoothed_loss(compiled(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        eager, _ = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, 0.1)
+        assert float(loss) == pytest.approx(float(eager), rel=1e-4)
+        loss.backward()
+        if per_shape is None:
+            per_shape = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert per_shape >= 1 and 2 <= len(shapes) <= 3
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= per_shape * len(shapes)

@@ -11,7 +11,13 @@ import torch
 
 from conftest import tiny_model
 from ranmt.config import ConfigError, load_config
-from ranmt.data.batching import ShapeBuckets, batch_from_split, collate, make_batches
+from ranmt.data.batching import (
+    ShapeBuckets,
+    batch_from_split,
+    collate,
+    make_batches,
+    padding_share,
+)
 from ranmt.data.corpus import EncodedSplit
 from ranmt.loss import label_smoothed_loss
 from ranmt.model import PAD_ID
@@ -59,7 +65,8 @@ def test_reported_padding_is_the_collated_padding():
     src_lens, tgt_lens = _lengths(split)
     buckets = ShapeBuckets(BUCKETS, 600)
     batches = make_batches(src_lens, tgt_lens, 600, seed=1, noise=0.5, buckets=buckets)
-    padded, plain = buckets.padding(batches, src_lens, tgt_lens)
+    padded = padding_share(batches, src_lens, tgt_lens, buckets)
+    plain = padding_share(batches, src_lens, tgt_lens)
     real = slots = plain_slots = 0
     for indices in batches:
         batch = batch_from_split(split, indices, buckets=buckets)
@@ -71,6 +78,20 @@ def test_reported_padding_is_the_collated_padding():
     assert padded == pytest.approx(1 - real / slots)
     assert plain == pytest.approx(1 - real / plain_slots)
     assert 0 < plain < padded < 0.6
+
+
+def test_bucket_order_keeps_padding_near_the_plain_plan():
+    """Ordered by bucket first, a bucketed plan pads little more than the plain plan (each
+    side padded to its own longest example); ordered by target length alone it padded about
+    twice as much on Multi30k (36% vs 19% at 4,096 tokens)."""
+    split = _corpus(count=3000, seed=5)
+    src_lens, tgt_lens = _lengths(split)
+    lengths = list(range(4, 61, 4))
+    buckets = ShapeBuckets(lengths, 2048)
+    bucketed = make_batches(src_lens, tgt_lens, 2048, seed=1, noise=0.5, buckets=buckets)
+    plain = make_batches(src_lens, tgt_lens, 2048, seed=1, noise=0.5)
+    assert padding_share(bucketed, src_lens, tgt_lens, buckets) < \
+        padding_share(plain, src_lens, tgt_lens) + 0.08
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all", "syn-r"])

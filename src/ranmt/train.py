@@ -49,6 +49,7 @@ from ranmt.data.batching import (
     ShapeBuckets,
     batch_from_split,
     make_batches,
+    padding_share,
     rank_plan,
 )
 from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_split, raw_text
@@ -392,7 +393,12 @@ class TrainingRun:
         """The epoch's batch shapes and their padding (shape buckets)."""
         shapes = {self.buckets.shape(int(max(self.src_lens[b].max(), self.tgt_lens[b].max()))
                                      + 1) for b in batches}
-        padded, plain = self.buckets.padding(batches, self.src_lens, self.tgt_lens)
+        padded = padding_share(batches, self.src_lens, self.tgt_lens, self.buckets)
+        data, t = self.cfg.data, self.t
+        plain = padding_share(make_batches(self.src_lens, self.tgt_lens, data.max_tokens,
+                                           data.max_sentences, seed=t.seed, epoch=self.epoch,
+                                           noise=data.bucket_noise),
+                              self.src_lens, self.tgt_lens)
         self.log.line(f"epoch {self.epoch + 1}: {len(batches)} batches in {len(shapes)} "
                       f"shapes (data.shape_buckets), padding {padded:.1%} of the batch slots "
                       f"({plain:.1%} without buckets)")

@@ -54,19 +54,25 @@ class ShapeBuckets:
         rows = max(1, self.max_tokens // length)
         return (min(rows, self.max_sentences) if self.max_sentences else rows), length
 
-    def padding(self, batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray
-                ) -> tuple[float, float]:
-        """(share of padding in the bucketed batches' slots, share without buckets): slots
-        are sentences x width of each side; lengths without EOS, as :func:`make_batches`
-        takes them."""
-        real = padded = plain = 0
-        for indices in batches:
-            src, tgt = np.asarray(src_lens)[indices] + 1, np.asarray(tgt_lens)[indices] + 1
-            rows, length = self.shape(int(max(src.max(), tgt.max())))
-            real += int(src.sum() + tgt.sum())
-            padded += 2 * rows * length
-            plain += len(indices) * int(src.max() + tgt.max())
-        return 1 - real / max(padded, 1), 1 - real / max(plain, 1)
+
+
+
+def padding_share(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray,
+                  buckets: ShapeBuckets | None = None) -> float:
+    """The share of padding in the batches' slots (lengths without EOS, as
+    :func:`make_batches` takes them): slots are sentences x width on each side, each side
+    padded to its own longest example, or, with ``buckets``, both to the batch's shape."""
+    src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
+    real = slots = 0
+    for indices in batches:
+        src, tgt = src_lens[indices] + 1, tgt_lens[indices] + 1
+        real += int(src.sum() + tgt.sum())
+        if buckets is None:
+            slots += len(indices) * int(src.max() + tgt.max())
+        else:
+            rows, length = buckets.shape(int(max(src.max(), tgt.max())))
+            slots += 2 * rows * length
+    return 1 - real / max(slots, 1)
 
 
 def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
@@ -81,9 +87,10 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     Examples are visited in order of (target, source) length; a batch grows while its
     ``size x widest`` stays within ``max_tokens`` (and its size within ``max_sentences``);
     an example wider than ``max_tokens`` forms a batch of its own. With ``buckets`` the
-    widths are bucketed first, so every batch fits its padded shape. Vectorised: one pass of
-    numpy operations per batch over a window no longer than the batch can be, never a
-    Python loop over the examples (:func:`_greedy_cuts`).
+    examples are ordered by bucketed width (then source length, noise as above) and cut on
+    bucketed widths, so every batch holds one bucket's examples and fits its padded shape.
+    Vectorised: one pass of numpy operations per batch over a window no longer than the
+    batch can be, never a Python loop over the examples (:func:`_greedy_cuts`).
     """
     src_lens = np.asarray(src_lens) + 1  # + EOS
     tgt_lens = np.asarray(tgt_lens) + 1  # + BOS/EOS shift
@@ -92,10 +99,13 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
         return []
     rng = np.random.default_rng([seed, epoch]) if seed is not None else None
     jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
-    order = _length_order(src_lens, tgt_lens, jitter)
-    widths = np.maximum(src_lens, tgt_lens)[order]
-    if buckets is not None:
-        widths = buckets.widths(widths)
+    if buckets is None:
+        order = _length_order(src_lens, tgt_lens, jitter)
+        widths = np.maximum(src_lens, tgt_lens)[order]
+    else:  # by bucket first, so that a batch holds one bucket's examples
+        bucketed = buckets.widths(np.maximum(src_lens, tgt_lens))
+        order = _length_order(src_lens, bucketed, jitter)
+        widths = bucketed[order]
     cuts = _greedy_cuts(widths, max_tokens, max_sentences)
     batches = np.split(order, cuts)
     if rng is not None:

@@ -43,6 +43,7 @@ RanTransition = Literal["paper", "no_ln_res", "released_code", "released_tanh",
 RanInit = Literal["xavier_whole", "xavier_per_head"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DropoutMasks = Literal["torch", "fast"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
 RAN_TRANSITIONS: tuple[str, ...] = typing.get_args(RanTransition)
@@ -260,6 +261,9 @@ class TrainConfig:
     """CPU threads for torch (0 = leave torch's default)."""
     compile: bool = False
     """Run training steps through torch.compile (same losses as eager, faster on GPUs)."""
+    compile_mode: CompileMode = "default"
+    """torch.compile mode of train.compile: default | reduce-overhead (CUDA graphs over the
+    compiled step: static shapes, so use data.shape_buckets) | max-autotune."""
     tensorboard: bool = True
     """Write TensorBoard scalars to RUN/tensorboard."""
     progress: bool = True

@@ -256,7 +256,7 @@ class TrainingRun:
         self.buckets = ShapeBuckets(data.shape_buckets, data.max_tokens, data.max_sentences,
                                     cfg.model.max_positions) if data.shape_buckets else None
         if self.t.compile:  # with shape buckets: one static graph per shape
-            self.step_model = torch.compile(self.step_model,
+            self.step_model = torch.compile(self.step_model, mode=self.t.compile_mode,
                                             dynamic=False if self.buckets else None)
         t = self.t
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,

@@ -1,0 +1,123 @@
+"""Operators a training step dispatches, by phase: what a launch-bound GPU step pays for.
+
+A ``base`` step on a GPU at 16k tokens is launch-bound (docs/PERFORMANCE.md "On a GPU"):
+the host spends longer issuing kernels than the GPU spends running them. Every aten
+operator that computes (not a view: ``view``, ``t``, ``transpose``, ``expand``, ...) is a
+kernel launch on a GPU, and the count is the same on any device, so it is measured here on
+the CPU with a ``TorchDispatchMode`` (``ranmt.host_syncs.SyncCounter``): forward, loss +
+backward, optimizer, each precision as :class:`ranmt.precision.PrecisionPolicy` runs it on
+``--policy-device`` (cuda: plain bf16 autocast; cpu: with bf16 residual streams), and each
+Adam implementation (``single``: one tensor at a time, the CPU default; ``foreach``: the
+CUDA default before the policy; ``fused``: one kernel, what the policy picks on CUDA).
+Counts are deterministic (a machine under load gives the same).
+
+    python benchmarks/count_ops.py --preset base --arch transf ran-all hc-sa
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ranmt.config import load_config
+from ranmt.loss import label_smoothed_loss
+from ranmt.model import build_model
+from ranmt.precision import PrecisionPolicy, bf16_activations
+
+VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
+         "permute", "as_strided", "alias", "detach", "slice", "select", "split",
+         "split_with_sizes", "chunk", "unbind", "narrow", "reshape", "_reshape_alias",
+         "unflatten", "flatten", "view_as", "expand_as", "contiguous", "lift_fresh",
+         "_local_scalar_dense", "is_same_size", "sym_size", "sym_stride", "sym_numel"}
+"""Operators that change metadata only (no kernel on a GPU), and host reads."""
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every dispatched aten operator by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names[func._schema.name.split("::")[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+    def kernels(self) -> int:
+        return sum(count for name, count in self.names.items() if name not in VIEWS)
+
+
+def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: str,
+                sentences: int, length: int, vocab: int) -> dict[str, int]:
+    """Kernels of each phase of the second training step."""
+    cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
+                             "model.src_vocab_size": str(vocab),
+                             "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    options = {"single": {"foreach": False}, "foreach": {"foreach": True},
+               "fused": {"fused": True}}[adam]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, **options)
+    policy = PrecisionPolicy(precision, device_type)
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(4, vocab, (sentences, length), generator=gen)
+    tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
+    counts: dict[str, int] = {}
+
+    def step(counter: OpCounter | None) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        marks = [0]
+        # a policy for another device type is run with the CPU's autocast (same op list)
+        with torch.autocast("cpu", dtype=policy.autocast_dtype,
+                            enabled=policy.autocast_dtype is not None), \
+                _residual(policy):
+            logits = model(src, tgt[:, :-1])
+        marks.append(counter.kernels() if counter else 0)
+        loss, _ = label_smoothed_loss(logits, tgt[:, 1:], 0.1)
+        loss.backward()
+        marks.append(counter.kernels() if counter else 0)
+        optimizer.step()
+        marks.append(counter.kernels() if counter else 0)
+        if counter:
+            counts.update(forward=marks[1], backward=marks[2] - marks[1],
+                          optimizer=marks[3] - marks[2], total=marks[3])
+
+    step(None)  # the first step allocates the optimizer state
+    with OpCounter() as counter:
+        step(counter)
+    return counts
+
+
+def _residual(policy: PrecisionPolicy):
+    return bf16_activations(policy.bf16_residual_stream)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", nargs="+", default=["transf", "ran-all"])
+    p.add_argument("--preset", default="base")
+    p.add_argument("--policy-device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--adam", nargs="+", default=["single", "foreach", "fused"])
+    p.add_argument("--sentences", type=int, default=16)
+    p.add_argument("--length", type=int, default=20)
+    p.add_argument("--vocab", type=int, default=8000)
+    args = p.parse_args(argv)
+    print(f"{args.preset}, precision as on {args.policy_device}, torch {torch.__version__}; "
+          "kernels = dispatched aten ops that are not views")
+    print("| arch | precision | Adam | forward | loss + backward | optimizer | total |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for arch in args.arch:
+        for precision in args.precision:
+            for adam in args.adam:
+                c = step_counts(arch, args.preset, precision, args.policy_device, adam,
+                                args.sentences, args.length, args.vocab)
+                print(f"| {arch} | {precision} | {adam} | {c['forward']} | {c['backward']} "
+                      f"| {c['optimizer']} | {c['total']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -139,6 +139,7 @@ def test_bf16_resume_is_exact_and_keeps_fp32_weights(reverse_data, tmp_path, nat
     train(_cfg(**{"train.max_steps": 6}), reverse_data, tmp_path / "split")
     resumed = train(_cfg(**{"train.max_steps": 12}), reverse_data, tmp_path / "split")
     assert straight["precision"] == resumed["precision"] == "bf16"
+    assert (resumed["resumed_from_step"], resumed["steps_this_run"]) == (6, 6)
     a = load_file(str(tmp_path / "straight/checkpoints/step_00000012/model.safetensors"))
     b = load_file(str(tmp_path / "split/checkpoints/step_00000012/model.safetensors"))
     for key in a:

@@ -51,6 +51,7 @@ def test_resume_two_process_run_with_one_process(reverse_data, tmp_path):
     _run(reverse_data, tmp_path / "run", 1, "train.max_steps=8")
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["steps"] == 8
+    assert (summary["resumed_from_step"], summary["steps_this_run"]) == (4, 4)
     assert (tmp_path / "run/checkpoints/step_00000008/checkpoint.json").is_file()
 
 

@@ -89,7 +89,8 @@ def test_fast_masks_training_resumes_exactly_and_differs_from_torch_masks(revers
     masks ends elsewhere (the switch reaches the model) at a validation loss within 5%."""
     straight = train(_cfg(**{"train.max_steps": 12}), reverse_data, tmp_path / "straight")
     train(_cfg(**{"train.max_steps": 6}), reverse_data, tmp_path / "split")
-    train(_cfg(**{"train.max_steps": 12}), reverse_data, tmp_path / "split")
+    resumed = train(_cfg(**{"train.max_steps": 12}), reverse_data, tmp_path / "split")
+    assert (resumed["resumed_from_step"], resumed["steps_this_run"]) == (6, 6)
     torch_masks = train(_cfg(**{"train.max_steps": 12, "train.dropout_masks": "torch"}),
                         reverse_data, tmp_path / "torch")
     final = "checkpoints/step_00000012/model.safetensors"

@@ -3,6 +3,7 @@ nothing; checkpoints cannot run code; non-finite losses are skipped and counted.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -250,6 +251,7 @@ def test_interrupted_checkpoint_write_keeps_the_previous(reverse_data, tmp_path,
     assert meta["trainer"]["step"] == 5
     summary = train(_cfg(**{"train.max_steps": 10}), reverse_data, run)  # resumes from 5
     assert summary["steps"] == 10
+    assert (summary["resumed_from_step"], summary["steps_this_run"]) == (5, 5)
 
 
 def _train_subprocess(data: Path, run: Path, steps: int) -> subprocess.Popen:
@@ -275,6 +277,10 @@ def test_sigkill_then_resume_equals_uninterrupted(reverse_data, tmp_path):
     assert not (tmp_path / "killed/checkpoints/step_00000150").exists()
     resumed = _train_subprocess(reverse_data, tmp_path / "killed", 150)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
+    summary = json.loads((tmp_path / "killed/summary.json").read_text())
+    started = summary["resumed_from_step"]  # the last checkpoint before the kill
+    assert started is not None and 40 <= started < 150
+    assert summary["steps_this_run"] == 150 - started
     a = load_file(str(tmp_path / "straight/checkpoints/step_00000150/model.safetensors"))
     b = load_file(str(tmp_path / "killed/checkpoints/step_00000150/model.safetensors"))
     for key in a:

@@ -52,9 +52,13 @@ def _cfg(**extra):
 def test_resume_is_exact(reverse_data, tmp_path):
     """Train 16 steps at once == train 8, stop, resume to 16 (bit for bit on CPU)."""
     train(_cfg(**{"train.max_steps": 16}), reverse_data, tmp_path / "straight")
-    train(_cfg(**{"train.max_steps": 8}), reverse_data, tmp_path / "split")
+    first = train(_cfg(**{"train.max_steps": 8}), reverse_data, tmp_path / "split")
     summary = train(_cfg(**{"train.max_steps": 16}), reverse_data, tmp_path / "split")
     assert summary["steps"] == 16
+    # the second process started from the checkpoint (a run that silently started over
+    # would reach the same bits: training is deterministic)
+    assert (first["resumed_from_step"], first["steps_this_run"]) == (None, 8)
+    assert (summary["resumed_from_step"], summary["steps_this_run"]) == (8, 8)
     a = load_file(str(tmp_path / "straight/checkpoints/step_00000016/model.safetensors"))
     b = load_file(str(tmp_path / "split/checkpoints/step_00000016/model.safetensors"))
     assert a.keys() == b.keys()

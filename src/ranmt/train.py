@@ -329,6 +329,7 @@ class TrainingRun:
             (self.run_dir / "parameters.json").write_text(json.dumps(self.params, indent=1))
         self.max_time = parse_duration(t.max_time)
         self.step, self.epoch = self.state["step"], self.state["epoch"]
+        self.first_step = self.step  # where this process started (0, or the resumed step)
         self.batch_index = self.state["batch_in_epoch"]
         self.start_time = time.monotonic() - self.state["elapsed"]
         self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": 0.0, "steps": 0}
@@ -593,7 +594,10 @@ class TrainingRun:
                    "wall_time_s": time.monotonic() - self.start_time,
                    "seconds_to_first_step": self.seconds_to_first_step,
                    "nonfinite_skipped": state["nonfinite_skipped"],
-                   "precision": self.precision}
+                   "precision": self.precision,
+                   # what this process did: resumed from which step, how many steps it ran
+                   "resumed_from_step": self.first_step if self.resume_from else None,
+                   "steps_this_run": self.step - self.first_step}
         self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
                       f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "
                       f"{state['best_bleu']} at step {state['best_step']}")

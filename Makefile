@@ -29,7 +29,7 @@ check: setup
 	$(VENV)/bin/ruff check .
 
 test: check
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow or ci"
 
 test-all: check
 	$(VENV)/bin/python -m pytest -q

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.data
 def test_demo_script_on_a_tiny_budget(multi30k_dir, tmp_path):
     env = dict(os.environ, BUDGET="15s", DEMO=str(tmp_path / "demo"), SERVE="0",

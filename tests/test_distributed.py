@@ -64,6 +64,7 @@ def _compile_works() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_compile_gives_the_same_losses_as_eager(reverse_data, tmp_path):
     if not _compile_works():
         pytest.skip("torch.compile cannot build kernels here")

@@ -188,3 +188,149 @@ def test_unknown_pairs_and_missing_members_are_clear_errors(tmp_path, wmt14_en_d
               "http://example.invalid/training-parallel-nc-v9.tgz")
     with pytest.raises(DownloadError, match=r"no member .*news-commentary-v9.*README"):
         download_wmt("wmt14", "en-de", tmp_path / "out", wmt14_en_de, log=lambda _m: None)
+
+
+# ------------------------------------------------ one miniature download per pair
+# Each layout below is written from the public builders' record of the real archives
+# (Hugging Face datasets' wmt_utils.py, TensorFlow Datasets, Sockeye's autopilot tasks.py,
+# fairseq's WMT download script), not from ranmt.data.wmt's own member names, so a wrong
+# member name in the module fails here. Archive file names are the module's (WMT17's
+# ep-v8 and rapid2016 share their names with WMT18's other files: kept as wmt17-NAME).
+
+PAIR_LAYOUTS = {
+    ("wmt14", "en-fr"): {
+        "europarl-v7": ("training-parallel-europarl-v7.tgz",
+                        ["training/europarl-v7.fr-en.fr", "training/europarl-v7.fr-en.en"]),
+        "commoncrawl": ("training-parallel-commoncrawl.tgz",
+                        ["commoncrawl.fr-en.fr", "commoncrawl.fr-en.en"]),
+        "un": ("training-parallel-un.tgz", ["un/undoc.2000.fr-en.fr", "un/undoc.2000.fr-en.en"]),
+        "nc-v9": ("training-parallel-nc-v9.tgz", ["training/news-commentary-v9.fr-en.fr",
+                                                  "training/news-commentary-v9.fr-en.en"]),
+        "giga-fren": ("training-giga-fren.tar", ["giga-fren.release2.fixed.fr.gz",
+                                                 "giga-fren.release2.fixed.en.gz"]),
+    },
+    ("wmt17", "en-lv"): {
+        "europarl-v8-wmt17": ("wmt17-training-parallel-ep-v8.tgz",
+                              ["training/europarl-v8.lv-en.lv", "training/europarl-v8.lv-en.en"]),
+        "rapid2016-wmt17": ("wmt17-rapid2016.tgz", ["rapid2016.en-lv.lv", "rapid2016.en-lv.en"]),
+        "leta": ("leta.v1.tgz", ["LETA-lv-en/leta.lv", "LETA-lv-en/leta.en"]),
+        "dcep": ("dcep.lv-en.v1.tgz", ["dcep.en-lv/dcep.lv", "dcep.en-lv/dcep.en"]),
+        "books": ("books.lv-en.v1.tgz", ["farewell/farewell.lv", "farewell/farewell.en"]),
+    },
+    ("wmt17", "en-fi"): {  # WMT18's ep-v8 and rapid2016: et-en beside fi-en, de-en in Rapid
+        "europarl-v8": ("training-parallel-ep-v8.tgz",
+                        ["training/europarl-v8.fi-en.fi", "training/europarl-v8.fi-en.en",
+                         "training/europarl-v8.et-en.et", "training/europarl-v8.et-en.en"]),
+        "wiki-titles-v15": ("wiki-titles.tgz", ["wiki/fi-en/titles.fi-en"]),
+        "rapid2016": ("rapid2016.tgz", ["rapid2016.en-fi.fi", "rapid2016.en-fi.en",
+                                        "rapid2016.de-en.de", "rapid2016.de-en.en"]),
+    },
+    ("wmt17", "en-tr"): {"setimes2": ("en-tr.tmx.gz", [])},
+}
+PAIR_TESTS = {("wmt14", "en-fr"): ("wmt13", "wmt14/full"),
+              ("wmt17", "en-lv"): ("wmt17/dev", "wmt17"),
+              ("wmt17", "en-fi"): ("wmt16", "wmt17"), ("wmt17", "en-tr"): ("wmt16", "wmt17")}
+WIKI = "Helsinki ||| Helsinki\nkissa|||cat \n  koira |||  dog\nno separator here\n"
+
+
+def _member_bytes(member: str, index: int) -> bytes:
+    """Lines of a member; the two sides of a corpus (members 2i, 2i + 1) have as many."""
+    if member.startswith("wiki/"):
+        return WIKI.encode()
+    if member.endswith(".gz"):
+        return gzip.compress(_lines(member.rsplit(".", 2)[0], 4 + index // 2))
+    return _lines(member.rsplit(".", 2)[0], 4 + index // 2)
+
+
+def _tmx(pairs: int) -> bytes:
+    units = "".join(f'<tu><tuv xml:lang="en"><seg>hello {i}</seg></tuv>'
+                    f'<tuv xml:lang="tr"><seg>merhaba {i}</seg></tuv></tu>' for i in range(pairs))
+    return (f'<?xml version="1.0" encoding="utf-8"?>\n<tmx version="1.4"><body>{units}'
+            "</body></tmx>\n").encode()
+
+
+def _pair_archives(year: str, pair: str, folder: Path, monkeypatch) -> None:
+    """Miniature archives of ``pair`` under their names in ``folder``, registered with the
+    digest algorithm the module records for each (SHA-256, or MD5 where Sockeye's is used)."""
+    folder.mkdir()
+    for key, (name, members) in PAIR_LAYOUTS[(year, pair)].items():
+        if name.endswith(".tmx.gz"):
+            path = folder / name
+            path.write_bytes(gzip.compress(_tmx(6)))
+        else:
+            path = _tgz(folder / name, {m: _member_bytes(m, i) for i, m in enumerate(members)},
+                        "w" if name.endswith(".tar") else "w:gz")
+        known = wmt.ARCHIVES[key]
+        data = path.read_bytes()
+        monkeypatch.setitem(wmt.ARCHIVES, key, Archive(
+            known.url, len(data) if known.size is not None else None,
+            hashlib.new(known.algorithm, data).hexdigest(), known.algorithm, known.filename))
+        assert wmt.ARCHIVES[key].name == name
+    for dataset in PAIR_TESTS[(year, pair)]:
+        archive, src_member, ref_member = wmt.test_set(dataset, pair)
+        path = _tgz(folder / archive.name, {src_member: _sgm("src", 5), ref_member: _sgm("ref", 5)})
+        _register_test_set(monkeypatch, dataset, path)
+
+
+@pytest.mark.parametrize(("year", "pair"), list(PAIR_LAYOUTS))
+def test_each_pair_reads_the_right_members_of_the_right_archives(year, pair, tmp_path,
+                                                                 monkeypatch):
+    _pair_archives(year, pair, tmp_path / "from", monkeypatch)
+    result = download_wmt(year, pair, tmp_path / "out", tmp_path / "from", log=lambda _m: None)
+    other = pair.split("-")[1]
+    out = tmp_path / "out"
+    layout = PAIR_LAYOUTS[(year, pair)]
+    assert len(result["train"]) == len(wmt.TASKS[(year, other)].train)
+    for prefix in result["train"]:
+        foreign = Path(f"{prefix}.{other}").read_text(encoding="utf-8").splitlines()
+        english = Path(f"{prefix}.en").read_text(encoding="utf-8").splitlines()
+        assert len(foreign) == len(english) > 0, prefix
+    if pair == "en-fi":  # split on |||, stripped, a line without one left out on both sides
+        assert (out / "train.wiki-titles.fi").read_text() == "Helsinki\nkissa\nkoira\n"
+        assert (out / "train.wiki-titles.en").read_text() == "Helsinki\ncat\ndog\n"
+        assert (out / "train.rapid2016.fi").read_bytes() == _member_bytes(
+            "rapid2016.en-fi.fi", 0)
+    if pair == "en-lv":
+        assert (out / "train.dcep.lv").read_bytes() == _member_bytes("dcep.en-lv/dcep.lv", 0)
+        assert (out / "train.europarl-v8.lv").read_bytes() == _member_bytes(
+            layout["europarl-v8-wmt17"][1][0], 0)
+    if pair == "en-tr":
+        assert (out / "train.setimes2.tr").read_text().splitlines()[5] == "merhaba 5"
+    valid, test = (Path(result["valid"]), Path(next(iter(result["tests"].values()))))
+    for prefix in (valid, test):
+        assert Path(f"{prefix}.en").read_text().splitlines()[0] == "src news 0 &amp; more"
+        assert Path(f"{prefix}.{other}").read_text().splitlines()[4] == "ref news 4 &amp; more"
+
+
+def test_wmt17_latvian_archives_are_not_wmt18s():
+    """En-Lv needs WMT17's Europarl v8 and Rapid 2016 (WMT18's hold no Latvian), kept under
+    other names than WMT18's files of the same name, with the MD5 Sockeye records."""
+    lv = {corpus.archive for corpus in wmt.TASKS[("wmt17", "lv")].train}
+    for key in ("europarl-v8-wmt17", "rapid2016-wmt17"):
+        archive = wmt.ARCHIVES[key]
+        assert key in lv and "/wmt17/" in archive.url and archive.algorithm == "md5"
+        assert archive.name.startswith("wmt17-")
+    assert {"europarl-v8", "rapid2016"}.isdisjoint(lv)
+    assert "opus.nlpl.eu/download.php" not in wmt.ARCHIVES["setimes2"].url
+
+
+def test_sgml_is_read_as_sacrebleu_reads_it(tmp_path):
+    """Against sacreBLEU's own reader: whitespace runs inside a segment collapse, U+2028,
+    U+0085 and a lone \\r inside a segment do not split it, text after </seg> is handled
+    alike, and only lines starting with '<seg ' count."""
+    from sacrebleu.dataset.fake_sgml import FakeSGMLDataset
+
+    text = ('<srcset setid="t" srclang="any">\r\n<doc docid="d" sysid="ref">\r\n'
+            '<seg id="1">  two   spaces\tand a tab  </seg>\r\n'
+            '<seg id="2">line\u2028separator and \u0085next line</seg>\n'
+            '<seg id="3">a lone \r return</seg> trailing\n'
+            ' <seg id="4">indented: not read by sacreBLEU</seg>\n'
+            '<seg id="5"></seg>\n</doc>\n</srcset>\n')
+    sgm = tmp_path / "x.sgm"
+    sgm.write_bytes(text.encode("utf-8"))
+    converted = tmp_path / "x.txt"
+    FakeSGMLDataset._convert_format(FakeSGMLDataset, str(sgm), str(converted))
+    with open(converted, encoding="utf-8", newline="\n") as handle:
+        expected = handle.read().split("\n")[:-1]
+    assert wmt.sgml_lines(text.encode("utf-8")) == expected
+    assert expected[0] == "two spaces and a tab" and len(expected) == 4

@@ -18,12 +18,18 @@ and prints the ``ranmt prepare`` command for them. Output appears whole or not a
 
 Where the facts come from: the training archives' addresses, sizes and SHA-256 checksums are
 those TensorFlow Datasets records for its WMT builders (``tensorflow_datasets/url_checksums/
-wmt14_translate.txt``, ``wmt15_translate.txt``, ``wmt17_translate.txt``); the validation and
-test sets (address, MD5 and member names) are read from the registry of the installed
-sacreBLEU (``sacrebleu.dataset.DATASETS``), the tool the scores come from. The member names
-of the training archives follow the archives' published layout; they could not be checked
-against the real archives here (no network), so a missing member is an error that lists the
-archive's members.
+wmt14_translate.txt``, ``wmt15_translate.txt``, ``wmt17_translate.txt``). Two WMT17 archives
+that TensorFlow Datasets does not use (its En-Lv has no Europarl and no Rapid) — the WMT17
+``training-parallel-ep-v8.tgz``, the only Europarl v8 release with Latvian, and the WMT17
+``rapid2016.tgz``, the only Rapid release with Latvian — are checked by the MD5 that Sockeye
+records (``sockeye_contrib/autopilot/tasks.py``; no size is published). The member names
+follow the layouts those builders, Hugging Face ``datasets``' ``wmt_utils.py``, Sockeye's
+autopilot and fairseq's WMT download script read (e.g. ``rapid2016.en-fi.fi``: the pair's
+codes in alphabetical order; ``dcep.en-lv/dcep.lv``); they could not be checked against the
+real archives here (no network), so a missing member is an error that lists the archive's
+members. The validation and test sets (address, MD5 and member names) are read from the
+registry of the installed sacreBLEU (``sacrebleu.dataset.DATASETS``), the tool the scores
+come from, and their SGML is read the way sacreBLEU reads it (:func:`sgml_lines`).
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ def _tfds(url: str, size: int, sha256: str) -> Archive:
     return Archive(url, size, sha256)
 
 
+def _sockeye_md5(url: str, md5: str) -> Archive:
+    """A WMT17 archive whose name WMT18 reused for another file: kept as ``wmt17-NAME``."""
+    return Archive(url, None, md5, "md5", "wmt17-" + url.rsplit("/", 1)[-1])
+
+
 ARCHIVES = {  # TensorFlow Datasets' url_checksums (see the module docstring)
     "europarl-v7": _tfds("http://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
                          657632379,
@@ -76,12 +87,20 @@ ARCHIVES = {  # TensorFlow Datasets' url_checksums (see the module docstring)
                 "29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47"),
     "giga-fren": _tfds("http://www.statmt.org/wmt10/training-giga-fren.tar", 2595102720,
                        "3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a"),
+    # WMT18's Europarl v8 holds et-en and fi-en only; WMT17's holds lv-en
     "europarl-v8": _tfds(
         "http://data.statmt.org/wmt18/translation-task/training-parallel-ep-v8.tgz",
         246201434, "953eaf7f24dcfc87eff6845d13ec6ca8acbee0ccf7edf4063b8b94e943933a96"),
+    "europarl-v8-wmt17": _sockeye_md5(
+        "http://data.statmt.org/wmt17/translation-task/training-parallel-ep-v8.tgz",
+        "07b77f254d189a5bfb7b43b7fc489716"),
+    # WMT18's Rapid 2016 holds de, et and fi with English; WMT17's (another file) holds lv
     "rapid2016": _tfds("http://data.statmt.org/wmt18/translation-task/rapid2016.tgz",
                        161050516,
                        "41557dd5d8f0ed3a6d98bce3b798b1a9d3b68361eb99d902329ddbb943a6b55a"),
+    "rapid2016-wmt17": _sockeye_md5(
+        "http://data.statmt.org/wmt17/translation-task/rapid2016.tgz",
+        "17a3a1846433ad26acb95da02f93af93"),
     "leta": _tfds("http://data.statmt.org/wmt17/translation-task/leta.v1.tgz", 2024531,
                   "af3f1a4cbeb503a231856baa9f1fb06c628d43ebb78b6f35a4f71e0a53f60e49"),
     "dcep": _tfds("http://data.statmt.org/wmt17/translation-task/dcep.lv-en.v1.tgz",
@@ -91,7 +110,12 @@ ARCHIVES = {  # TensorFlow Datasets' url_checksums (see the module docstring)
                    316169, "0eb70ad3e8420b131ddd29d1988d1055c72c13cef3768975a1c1a8f7662f361b"),
     "wiki-titles-v15": _tfds("http://www.statmt.org/wmt15/wiki-titles.tgz", 9487481,
                              "cd7cf81dbc99ef00b57e3106a4731b54cebcb7cff19088913cdab1c8114d3660"),
-    "setimes2": _tfds("http://opus.nlpl.eu/download.php?f=SETIMES/v2/tmx/en-tr.tmx.gz",
+    # OPUS serves its files from its object store; the download.php address that TensorFlow
+    # Datasets recorded (http://opus.nlpl.eu/download.php?f=SETIMES/v2/tmx/en-tr.tmx.gz)
+    # redirected there and has been reported dead. Size and SHA-256 are TFDS's record of
+    # that file; should OPUS have rebuilt it, the check fails with both digests, and a copy
+    # fetched by hand is taken with --from DIR.
+    "setimes2": _tfds("https://object.pouta.csc.fi/OPUS-SETIMES/v2/tmx/en-tr.tmx.gz",
                       23548787,
                       "23581212dc3267383198a92636219fceb3f23207bfc1d1e78ab60a2cb465eff8"),
 }
@@ -115,8 +139,8 @@ class Task:
     sizes: dict = field(default_factory=dict)
 
 
-def _europarl(version: str) -> Corpus:
-    return Corpus(f"europarl-{version}", f"europarl-{version}",
+def _europarl(version: str, archive: str = "") -> Corpus:
+    return Corpus(f"europarl-{version}", archive or f"europarl-{version}",
                   (f"training/europarl-{version}.{{x}}-en.{{x}}",
                    f"training/europarl-{version}.{{x}}-en.en"))
 
@@ -138,16 +162,16 @@ TASKS = {  # keyed by (year, the non-English language); the pair may go either w
                                            "giga-fren.release2.fixed.en.gz"), "gz")],
         ("newstest2013", "wmt13"), ("newstest2014", "wmt14/full")),
     ("wmt17", "lv"): Task(
-        [_europarl("v8"),
-         Corpus("rapid2016", "rapid2016", ("rapid2016.lv-en.lv", "rapid2016.lv-en.en")),
+        [_europarl("v8", "europarl-v8-wmt17"),
+         Corpus("rapid2016", "rapid2016-wmt17", ("rapid2016.en-lv.lv", "rapid2016.en-lv.en")),
          Corpus("leta", "leta", ("LETA-lv-en/leta.lv", "LETA-lv-en/leta.en")),
-         Corpus("dcep", "dcep", ("dcep.lv-en.v1/dcep.lv-en.lv", "dcep.lv-en.v1/dcep.lv-en.en")),
+         Corpus("dcep", "dcep", ("dcep.en-lv/dcep.lv", "dcep.en-lv/dcep.en")),
          Corpus("books", "books", ("farewell/farewell.lv", "farewell/farewell.en"))],
         ("newsdev2017", "wmt17/dev"), ("newstest2017", "wmt17")),
     ("wmt17", "fi"): Task(
         [_europarl("v8"),
          Corpus("wiki-titles", "wiki-titles-v15", "wiki/fi-en/titles.fi-en", "wiki"),
-         Corpus("rapid2016", "rapid2016", ("rapid2016.fi-en.fi", "rapid2016.fi-en.en"))],
+         Corpus("rapid2016", "rapid2016", ("rapid2016.en-fi.fi", "rapid2016.en-fi.en"))],
         ("newstest2016", "wmt16"), ("newstest2017", "wmt17")),
     ("wmt17", "tr"): Task(
         [Corpus("setimes2", "setimes2", "en-tr.tmx", "tmx")],
@@ -285,9 +309,11 @@ def _convert(stream, fmt: str, outputs: list[Path]) -> None:
 
 
 def _wiki_pairs(stream):
-    """(foreign, English) of the wiki titles' ``foreign ||| English`` lines."""
-    for raw in io.TextIOWrapper(stream, encoding="utf-8", errors="replace"):
-        parts = raw.rstrip("\n").split(" ||| ")
+    """(foreign, English) of the wiki titles' ``foreign ||| English`` lines: split on
+    ``|||`` and stripped, as the other readers do; a line without exactly one ``|||`` is
+    left out (both sides, so the two stay aligned)."""
+    for raw in io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="\n"):
+        parts = raw.split("|||")
         if len(parts) == 2:
             yield parts[0].strip(), parts[1].strip()
 
@@ -309,14 +335,18 @@ def _tmx_pairs(stream, outputs):
         unit.clear()
 
 
-_SEG = re.compile(r"<seg[^>]*>(.*)</seg>", re.IGNORECASE)
+_SEG = re.compile(r"<seg.*?>(.*)</seg>.*?")
+_SPACES = re.compile(r"\s+")
 
 
 def sgml_lines(data: bytes) -> list[str]:
-    """The segments of a WMT SGML file, one per line, whitespace-stripped (as sacreBLEU
-    reads them)."""
-    return [match.group(1).strip() for line in data.decode("utf-8").splitlines()
-            if (match := _SEG.search(line))]
+    """The segments of a WMT SGML file, one per line, as sacreBLEU reads them (its
+    ``FakeSGMLDataset``): lines split at ``\n`` only (not at U+2028, U+0085 or a lone
+    ``\r``, where ``str.splitlines`` would split), a line that starts with ``<seg `` stands
+    for its segment, whose whitespace is stripped and whose runs of whitespace collapse to
+    one space."""
+    return [_SPACES.sub(" ", _SEG.sub(r"\1", line).strip())
+            for line in data.decode("utf-8").split("\n") if line.startswith("<seg ")]
 
 
 def _line_count(path: Path) -> int:

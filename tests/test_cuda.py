@@ -106,6 +106,26 @@ def test_fast_search_equals_reference_on_cuda(arch):
     assert [hyps[0][0] for hyps in greedy] == [hyps[0][0] for hyps in on_cpu]
 
 
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all"])
+def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
+    """On CUDA the search picks the sync-free mode by itself; it equals the shrinking
+    search and reads device values on the host only every check_every steps."""
+    from ranmt.host_syncs import SyncCounter
+
+    model, _ = tiny_model(seed=2, **{"model.arch": arch})
+    model = model.cuda()
+    src = random_batch(batch=6, src_len=9, seed=2)[0].cuda()
+    for beam in (1, 4):
+        _same(search(model, src, beam, nbest=beam),
+              search(model, src, beam, nbest=beam, sync_free=False))
+        counts = []
+        for length in (16, 48):
+            with SyncCounter() as counter:
+                search(model, src, beam, fixed_length=length, check_every=64)
+            counts.append(counter.total)
+        assert counts[0] == counts[1], counts  # no sync inside the 32 extra steps
+
+
 def test_compiled_training_on_cuda_gives_eager_losses(reverse_data, tmp_path):
     # no dropout anywhere: Inductor draws its masks from another generator than eager
     values = {**TRAIN, "model.arch": "ran-all", "model.ran.attention_dropout": "0.0",

@@ -264,6 +264,19 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
 # ------------------------------------------------------------------------------ fast path
 
 
+def _start(model: Seq2Seq, src: Tensor, max_len_a: float, max_len_b: int,
+           limit: int | None, fixed_length: int | None, prefix: Tensor | None,
+           group: int = 1) -> tuple[Tensor, int, dict]:
+    """Encode src (B, S) for a static-cache search: (output length limits (B,), the cache
+    capacity (the longest limit + 1), the decoder cache for ``group`` rows a sentence)."""
+    limit = model.config.max_positions - 1 if limit is None else limit
+    memory, pad_mask, _ = model.encode(src)
+    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)
+    caps = _caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
+    capacity = int(caps.max()) + 1
+    return caps, capacity, model.init_cache(memory, pad_mask, group=group, capacity=capacity)
+
+
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
                   limit: int | None = None, fixed_length: int | None = None,
@@ -277,13 +290,9 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     (n,))) replaces the arg-max: a sampler (``ranmt.sampling``); the scores it returns are
     what the hypothesis' score sums.
     """
-    limit = model.config.max_positions - 1 if limit is None else limit
-    memory, pad_mask, _ = model.encode(src)
     batch, device = src.shape[0], src.device
-    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
-    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, device), limit)
-    capacity = int(caps.max()) + 1
-    cache = model.init_cache(memory, pad_mask, capacity=capacity)
+    caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
+                                   prefix)  # caps (B,)
     tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)
     scores = torch.zeros(batch, device=device)
@@ -333,6 +342,22 @@ def row_topk(scores: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
         ids = torch.cat([ids, tail], dim=1)
     top, where = candidates.topk(k, dim=1)
     return top, ids.gather(1, where)
+
+
+def _best_candidates(logprobs: Tensor, beam_scores: Tensor, beam: int
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's best 2k extensions, best first: (scores, beam index, token), each
+    (n, 2k), of log-probs (n*beam, V) added to ``beam_scores`` (n, beam). As in the
+    reference: the best 2k tokens of each row (:func:`row_topk`), then the best 2k of the
+    sentence's beam * 2k candidates."""
+    width = min(2 * beam, logprobs.shape[-1])
+    row_scores, row_tokens = row_topk(logprobs, width)  # (n*beam, 2k)
+    sentences = beam_scores.shape[0]
+    candidates = (beam_scores.view(-1, 1) + row_scores).view(sentences, beam * width)
+    top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (n, 2k)
+    top_beams = torch.div(top_ids, width, rounding_mode="floor")
+    top_tokens = row_tokens.view(sentences, beam * width).gather(1, top_ids)
+    return top_scores, top_beams, top_tokens
 
 
 class _Finished:
@@ -409,13 +434,9 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     Scores are length-normalised log-probabilities; a sentence leaves the batch once it
     holds ``beam`` finished hypotheses or nothing is left to extend.
     """
-    limit = model.config.max_positions - 1 if limit is None else limit
     device, batch = src.device, src.shape[0]
-    memory, pad_mask, _ = model.encode(src)
-    caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
-    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
-    capacity = int(caps_all.max()) + 1
-    cache = model.init_cache(memory, pad_mask, group=beam, capacity=capacity)
+    caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
+                                       prefix, group=beam)  # caps (B,)
     finished = _Finished(batch, beam, capacity, device)
     active = torch.arange(batch, device=device)  # sentence ids still decoding
     beam_scores = torch.full((batch, beam), float("-inf"), device=device)
@@ -423,19 +444,11 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
     prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(capacity):
-        n_active = active.numel()
         logprobs = model.decode_step(prev, cache)  # (n*beam, V)
         rows_sentences = active.repeat_interleave(beam)
         _constrain(logprobs, step, fixed_length, caps_all[rows_sentences], prefix,
                    rows_sentences)
-        # As in the reference: the best 2k tokens of each row, then the best 2k of the
-        # sentence's beam * 2k candidates.
-        width = min(2 * beam, logprobs.shape[-1])
-        row_scores, row_tokens = row_topk(logprobs, width)  # (n*beam, 2k)
-        candidates = (beam_scores.view(-1, 1) + row_scores).view(n_active, beam * width)
-        top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (n, 2k)
-        top_beams = torch.div(top_ids, width, rounding_mode="floor")
-        top_tokens = row_tokens.view(n_active, beam * width).gather(1, top_ids)
+        top_scores, top_beams, top_tokens = _best_candidates(logprobs, beam_scores, beam)
 
         counts = finished.counts[active]  # (n,) finished hypotheses before this step
         ends, extends, slots = _select_candidates(top_scores, top_tokens, counts, beam)
@@ -492,13 +505,9 @@ def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
     batch (a finished one writes PAD and adds nothing to its score) and whether all have
     finished is read once every ``check_every`` steps."""
     _check_every(check_every)
-    limit = model.config.max_positions - 1 if limit is None else limit
-    memory, pad_mask, _ = model.encode(src)
     batch, device = src.shape[0], src.device
-    caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
-    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, device), limit)
-    capacity = int(caps.max()) + 1
-    cache = model.init_cache(memory, pad_mask, capacity=capacity)
+    caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
+                                   prefix)  # caps (B,)
     tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)  # capacity: live
     scores = torch.zeros(batch, device=device)
@@ -543,13 +552,9 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     once every ``check_every`` steps (at most ``check_every - 1`` wasted steps).
     """
     _check_every(check_every)
-    limit = model.config.max_positions - 1 if limit is None else limit
     device, batch = src.device, src.shape[0]
-    memory, pad_mask, _ = model.encode(src)
-    caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
-    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
-    capacity = int(caps_all.max()) + 1
-    cache = model.init_cache(memory, pad_mask, group=beam, capacity=capacity)
+    caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
+                                       prefix, group=beam)  # caps (B,)
     finished = _Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
     row_caps = caps_all.repeat_interleave(beam)  # (B*beam,)
     row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
@@ -561,12 +566,7 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (B*beam, V)
         _constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
-        width = min(2 * beam, logprobs.shape[-1])
-        row_scores, row_tokens = row_topk(logprobs, width)  # (B*beam, 2k)
-        candidates = (beam_scores.view(-1, 1) + row_scores).view(batch, beam * width)
-        top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (B, 2k)
-        top_beams = torch.div(top_ids, width, rounding_mode="floor")
-        top_tokens = row_tokens.view(batch, beam * width).gather(1, top_ids)
+        top_scores, top_beams, top_tokens = _best_candidates(logprobs, beam_scores, beam)
 
         ends, extends, slots = _select_candidates(top_scores, top_tokens, finished.counts,
                                                   beam)

@@ -158,3 +158,36 @@ def test_a_lone_request_still_decodes_in_one_batch_and_works_do_not_mix():
     calls, tokens, requests = asyncio.run(scenario())
     assert calls == [list(range(20)), [50, 51]]
     assert tokens == 0 and requests == 0
+
+
+def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, tmp_path,
+                                                           monkeypatch):
+    """A checkpoint whose decode.beam is 2 and decode.nbest 2: without beam/nbest in the
+    request the server decodes as `ranmt translate` does (beam 2, two hypotheses), with
+    them it follows the request; its literal beam 4 once overrode the checkpoint's."""
+    import ranmt.translator as translator_module
+    from ranmt.checkpoint import load_checkpoint, save_checkpoint
+    from ranmt.translator import Translator
+
+    model, cfg, _, _ = load_checkpoint(runs["transf"])
+    cfg.decode.beam, cfg.decode.nbest = 2, 2
+    save_checkpoint(tmp_path / "beam2", model, cfg, {"src": reverse_data / "spm.src.model",
+                                                     "tgt": reverse_data / "spm.tgt.model"})
+    translator = Translator.load(tmp_path / "beam2", device="cpu")
+    beams = []
+    real_search = translator_module.search
+    monkeypatch.setattr(translator_module, "search",
+                        lambda model, src, beam, *a, **k: beams.append(beam)
+                        or real_search(model, src, beam, *a, **k))
+    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1)
+    with TestClient(create_app({"beam2": translator}, limits)) as client:
+        default = client.post("/translate", json={"text": LINES}).json()
+        assert beams and set(beams) == {2}
+        assert all(len(entry["nbest"]) == 2 for entry in default["translations"])
+        assert [entry["text"] for entry in default["translations"]] == \
+            translator.translate(LINES)
+        beams.clear()
+        asked = client.post("/translate", json={"text": LINES, "beam": 5, "nbest": 1}).json()
+        assert set(beams) == {5} and "nbest" not in asked["translations"][0]
+        refused = client.post("/translate", json={"text": LINES, "nbest": 3})
+        assert refused.status_code == 400 and "beam size (2)" in refused.json()["error"]

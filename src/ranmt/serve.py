@@ -305,6 +305,22 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
         return response
 
 
+def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
+                    ) -> tuple[int | None, int | None]:
+    """A request's beam and nbest: as given, else the checkpoint's ``decode.beam`` /
+    ``decode.nbest`` (what ``ranmt translate`` uses), the beam capped at ``--max-beam``;
+    nbest above the beam is a 400 (under sampling the beam is not used)."""
+    defaults = translator.decode_config
+    if parsed.sampling is not None:
+        return parsed.beam, parsed.nbest if parsed.nbest is not None else defaults.nbest
+    beam = parsed.beam if parsed.beam is not None else min(defaults.beam, limits.max_beam)
+    nbest = parsed.nbest if parsed.nbest is not None else min(defaults.nbest, beam)
+    if nbest > beam:
+        raise RequestError(400, f"'nbest' must be between 1 and the beam size ({beam}), not "
+                                f"{nbest}")
+    return beam, nbest
+
+
 def _allowed_methods(app: FastAPI, path: str) -> set[str]:
     """The HTTP methods the app's routes (not its mounts) accept at ``path`` (empty: no route
     there)."""
@@ -381,7 +397,9 @@ def _add_work_endpoints(app: FastAPI, served: _ServedModels) -> None:
         sampling = {} if parsed.sampling is None else {
             "sampling": parsed.sampling, "topk": parsed.topk, "topp": parsed.topp,
             "epsilon": parsed.epsilon, "temperature": parsed.temperature, "seed": parsed.seed}
-        work = Work.translate(beam=parsed.beam, nbest=parsed.nbest, **sampling)
+        beam, nbest = _beam_and_nbest(translator, parsed, limits)
+        parsed = parsed.model_copy(update={"beam": beam, "nbest": nbest})
+        work = Work.translate(beam=beam, nbest=nbest, **sampling)
         results = await served.run_job(request, name, ids, work, prefixes, parsed.timeout_s)
         if isinstance(results, Response):
             return results

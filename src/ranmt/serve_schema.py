@@ -80,7 +80,8 @@ class _TranslateBase(BaseModel):
 
     @model_validator(mode="after")
     def _nbest_within_beam(self):
-        if self.sampling is None and self.nbest > self.beam:
+        if self.sampling is None and self.nbest is not None and self.beam is not None \
+                and self.nbest > self.beam:
             raise ValueError("nbest_above_beam")
         if self.prefix is not None and len(self.prefix) != len(self.text):
             raise ValueError("prefix_lines")
@@ -107,9 +108,12 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
                                 description="lines to translate")),
         model=(StrictStr | None, Field(None, description="a name from GET /models (default: "
                                                          "the first loaded)")),
-        beam=(StrictInt, Field(4, ge=1, le=max_beam, description="beam size")),
-        nbest=(StrictInt, Field(1, ge=1, le=max_beam, description="hypotheses per line, at "
-                                                                  "most the beam size")),
+        beam=(StrictInt | None, Field(None, ge=1, le=max_beam, description=(
+            "beam size (default: the checkpoint's decode.beam, as `ranmt translate` uses "
+            "it, at most the server's limit)"))),
+        nbest=(StrictInt | None, Field(None, ge=1, le=max_beam, description=(
+            "hypotheses per line, at most the beam size (default: the checkpoint's "
+            "decode.nbest)"))),
         attention=(StrictBool, Field(False, description="return attention weights")),
         timeout_s=_timeout_field(max_timeout_s),
         prefix=(list[line] | None, Field(None, max_length=max_lines, description=(

@@ -117,3 +117,43 @@ def test_ensemble_needs_the_same_vocabularies(runs, tmp_path, reverse_data):
     (other / "spm.tgt.model").write_bytes(b"not the same")
     with pytest.raises(ValueError, match="target vocabularies"):
         Translator.load([runs["transf"], other], device="cpu")
+
+
+def test_decoding_defaults_are_declared_once(runs, reverse_data, tmp_path, translators,
+                                             capsys):
+    """The CLI's decoding options default to None (the checkpoint's DecodeConfig decides),
+    the server's sampling defaults are DecodeConfig's and its beam/nbest default to the
+    checkpoint's; --nbest is checked against the checkpoint's beam, not a literal 4."""
+    import dataclasses
+
+    from fastapi.testclient import TestClient
+
+    from ranmt.checkpoint import load_checkpoint, save_checkpoint
+    from ranmt.cli import build_parser
+    from ranmt.config import DecodeConfig
+    from ranmt.serve import ServeLimits, create_app
+
+    args = build_parser().parse_args(["translate", "--checkpoint", "x"])
+    options = ("beam", "lenpen", "batch_size", "max_len_a", "max_len_b", "nbest", "topk",
+               "topp", "epsilon", "temperature", "seed")
+    assert {name: getattr(args, name) for name in options} == dict.fromkeys(options)
+    defaults = dataclasses.asdict(DecodeConfig())
+    with TestClient(create_app(translators, ServeLimits())) as client:
+        schema = client.get("/openapi.json").json()
+    request = next(schema["components"]["schemas"][name] for name in schema["components"]
+                   ["schemas"] if name.startswith("TranslateRequest"))["properties"]
+    for name in ("topk", "topp", "epsilon", "temperature", "seed"):
+        assert request[name]["default"] == defaults[name], name
+    assert request["beam"]["default"] is None and request["nbest"]["default"] is None
+
+    model, cfg, _, _ = load_checkpoint(runs["transf"])
+    cfg.decode.beam = 2
+    save_checkpoint(tmp_path / "beam2", model, cfg, {"src": reverse_data / "spm.src.model",
+                                                     "tgt": reverse_data / "spm.tgt.model"})
+    beam2 = {"transf": tmp_path / "beam2"}
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    assert len(_translate(beam2, source, tmp_path, "--nbest", "2")) == 2 * len(LINES)
+    with pytest.raises(SystemExit):
+        _translate(beam2, source, tmp_path, "--nbest", "3")
+    assert "decode.nbest must be between 1 and decode.beam (2)" in capsys.readouterr().err

@@ -137,7 +137,7 @@ def test_invalid_utf8_in_translate_input(checkpoint, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--beam", "0"], "--beam must be >= 1"),
-    (["--beam", "2", "--nbest", "3"], "--nbest must be between 1 and the beam size"),
+    (["--beam", "2", "--nbest", "3"], "decode.nbest must be between 1 and decode.beam (2)"),
     (["--max-len-a", "-1"], "--max-len-a must be non-negative"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
 ])

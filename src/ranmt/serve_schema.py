@@ -100,7 +100,12 @@ class _ScoreBase(BaseModel):
 
 def request_model(max_lines: int, max_chars: int, max_beam: int,
                   max_timeout_s: float) -> type[BaseModel]:
-    """The ``POST /translate`` body for these limits (a pydantic model)."""
+    """The ``POST /translate`` body for these limits (a pydantic model). The sampling
+    defaults are :class:`ranmt.config.DecodeConfig`'s; beam and nbest default to the
+    checkpoint's (None here)."""
+    from ranmt.config import DecodeConfig
+
+    decode = DecodeConfig()
     line = Annotated[StrictStr, Field(max_length=max_chars)]
     return create_model(
         "TranslateRequest", __base__=_TranslateBase,
@@ -123,12 +128,16 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
         sampling=(Literal["topk", "topp", "eps"] | None, Field(None, description=(
             "sample nbest translations per line instead of beam search: topk (the k most "
             "probable tokens), topp (nucleus), eps (tokens of probability >= epsilon)"))),
-        topk=(StrictInt, Field(0, ge=0, le=1_000_000, description="topk: k (0 = all)")),
-        topp=(StrictFloat, Field(0.9, gt=0, le=1, description="topp: probability mass kept")),
-        epsilon=(StrictFloat, Field(0.02, ge=0, lt=1, description="eps: least probability")),
-        temperature=(StrictFloat, Field(1.0, gt=0, le=100, description="sampling "
-                                                                       "temperature")),
-        seed=(StrictInt, Field(0, ge=0, le=2**63 - 1, description="sampling seed")),
+        topk=(StrictInt, Field(decode.topk, ge=0, le=1_000_000,
+                               description="topk: k (0 = all)")),
+        topp=(StrictFloat, Field(decode.topp, gt=0, le=1,
+                                 description="topp: probability mass kept")),
+        epsilon=(StrictFloat, Field(decode.epsilon, ge=0, lt=1,
+                                    description="eps: least probability")),
+        temperature=(StrictFloat, Field(decode.temperature, gt=0, le=100,
+                                        description="sampling temperature")),
+        seed=(StrictInt, Field(decode.seed, ge=0, le=2**63 - 1,
+                               description="sampling seed")),
     )
 
 

@@ -67,9 +67,6 @@ def load_translator(args: argparse.Namespace):
     sampling = getattr(args, "sampling", None)
     if nbest is not None and nbest < 1:
         raise ValueError("--nbest must be >= 1")
-    if nbest is not None and not sampling and nbest > (args.beam or 4):
-        raise ValueError("--nbest must be between 1 and the beam size (or the number of "
-                         "samples with --sampling)")
     for name in ("max_len_a", "max_len_b"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
@@ -86,6 +83,8 @@ def load_translator(args: argparse.Namespace):
                                  max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                                  nbest=nbest, truncate_long=True if args.truncate_long else None,
                                  **sampling_options)
+    # --nbest against the beam (--beam, else the checkpoint's decode.beam): Translator.load
+    # validates the merged DecodeConfig
     translator.progress = show_progress(args)
     return translator
 

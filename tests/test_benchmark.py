@@ -92,3 +92,34 @@ def test_benchmark_training_rows_use_the_dropout_masks_asked_for(tmp_path, monke
     assert result["dropout_masks"] == masks
     assert result["train"]["transf:tiny"]["tokens_per_s"] > 0
     assert bool(drawn) == (masks == "fast")
+
+
+def test_speeds_are_the_work_done_over_the_time_taken(monkeypatch):
+    """train_speed and decode_speed against a fake clock (2 s between start and end): the
+    tokens counted are the targets trained on (each source + EOS) and the hypotheses
+    decoded (each + EOS, as the search returns them), not just some positive number."""
+    import types
+
+    import numpy as np
+    import torch
+
+    import ranmt.benchmark as benchmark
+    from conftest import tiny_model
+    from ranmt.decode import search
+
+    model, cfg = tiny_model(seed=0)
+    sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15]]
+    ticks = iter([10.0, 12.0, 20.0, 22.0])
+    monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    tokens_per_s, _ = benchmark.train_speed(model, cfg, sources, 64, torch.device("cpu"))
+    assert tokens_per_s == sum(len(s) + 1 for s in sources) / 2.0
+    tokens_per_s, sentences_per_s = benchmark.decode_speed(model, cfg, sources, 2, 3,
+                                                           torch.device("cpu"))
+    expected = 0
+    lengths = np.array([len(s) for s in sources])
+    for batch in benchmark.make_batches(lengths, lengths, 10 ** 9, 2):  # as decode_speed
+        src = benchmark.pad_sources([sources[i] for i in batch])
+        d = cfg.decode
+        hyps = search(model, src, 3, d.lenpen, d.lenpen_style, d.max_len_a, d.max_len_b, 1)
+        expected += sum(len(h[0][0]) + 1 for h in hyps)
+    assert (tokens_per_s, sentences_per_s) == (expected / 2.0, len(sources) / 2.0)

@@ -246,3 +246,26 @@ def test_openapi_lists_every_request_field_with_the_servers_bounds(translators):
     assert {"200", "400", "413", "503", "504"} <= set(responses)
     translation = schema["components"]["schemas"]["Translation"]["properties"]
     assert {"text", "score", "nbest", "attention"} <= set(translation)
+
+
+def test_server_limits_are_declared_once(capsys):
+    """`ranmt serve`'s limit options are ServeLimits' fields (flags, defaults), parsed into
+    the same ServeLimits, and a limit out of its bound is refused by the class itself, from
+    the command line and from Python alike."""
+    import dataclasses
+
+    from ranmt.cli import build_parser, main
+
+    args = build_parser().parse_args(["serve", "--checkpoint", "x"])
+    assert ServeLimits.from_args(args) == ServeLimits()
+    args = build_parser().parse_args(["serve", "--checkpoint", "x", "--max-beam", "4",
+                                      "--request-timeout", "2.5"])
+    assert ServeLimits.from_args(args) == ServeLimits(max_beam=4, request_timeout_s=2.5)
+    for spec in dataclasses.fields(ServeLimits):
+        low = 0 if spec.name == "request_timeout_s" else spec.metadata["low"] - 1
+        with pytest.raises(ValueError, match=spec.metadata["flag"]):
+            ServeLimits(**{spec.name: low if spec.name != "batch_window_ms" else -1})
+    with pytest.raises(SystemExit):
+        main(["serve", "--checkpoint", "x", "--max-batch-lines", "0"])
+    assert "--max-batch-lines (max_batch_lines) must be at least 1, not 0" in \
+        capsys.readouterr().err

@@ -34,7 +34,6 @@ import functools
 import hmac
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from ranmt.analysis.maps import attention_maps
 from ranmt.data.batching import pad_sources
 from ranmt.scoring import word_alignment
 from ranmt.serve_batching import Batcher, QueueFullError, Work, wait_for_job
+from ranmt.serve_limits import ServeLimits
 from ranmt.serve_schema import (
     ErrorResponse,
     RequestError,
@@ -56,32 +56,6 @@ from ranmt.serve_schema import (
     score_request_model,
 )
 from ranmt.translator import InputTooLongError, Translator
-
-
-@dataclass
-class ServeLimits:
-    """What one request may ask for, and how requests are batched."""
-
-    max_lines: int = 64
-    max_chars: int = 2000
-    """Characters per input line."""
-    max_beam: int = 16
-    batch_window_ms: float = 5.0
-    """How long a batch keeps collecting requests after its first one arrived."""
-    max_batch_tokens: int = 8000
-    """Source tokens per dynamic batch (a larger single request still decodes alone)."""
-    max_batch_lines: int = 64
-    """Lines per dynamic batch: one decoding batch (``decode.batch_size``'s default). A larger
-    batch is decoded as several in a row anyway, so it gains no speed and holds every
-    request in it until the last one is done; smaller batches let requests take turns."""
-    max_queued_tokens: int = 32000
-    """Source tokens a model's queue may hold (waiting, not yet decoding); a request that
-    would go beyond is refused at once with 503 and ``Retry-After`` (a request alone in an
-    empty queue is always taken)."""
-    request_timeout_s: float = 60.0
-    """A request whose batch has not started this long after it arrived is dropped (504);
-    a request may ask for less with ``timeout_s``."""
-
 
 # ------------------------------------------------------------------------------ validation
 

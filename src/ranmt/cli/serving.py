@@ -64,22 +64,9 @@ def _args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "int8"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: weights and activations in bf16 (see translate --help)")
-    p.add_argument("--max-lines", type=int, default=64, help="lines per request")
-    p.add_argument("--max-chars", type=int, default=2000, help="characters per line")
-    p.add_argument("--max-beam", type=int, default=16)
-    p.add_argument("--batch-window-ms", type=float, default=5.0,
-                   help="how long a batch collects concurrent requests")
-    p.add_argument("--max-batch-tokens", type=int, default=8000,
-                   help="source tokens per dynamic batch")
-    p.add_argument("--max-batch-lines", type=int, default=64,
-                   help="lines per dynamic batch (default 64, one decoding batch: a larger "
-                        "batch decodes no faster and delays every request in it)")
-    p.add_argument("--max-queued-tokens", type=int, default=32000,
-                   help="source tokens a model's queue may hold; beyond, requests get 503 "
-                        "with Retry-After at once (default 32000, four full batches)")
-    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="drop a request (504) whose batch has not started after this long; "
-                        "a request may ask for less with timeout_s (default 60)")
+    from ranmt.serve_limits import add_limit_options
+
+    add_limit_options(p)  # --max-lines ... --request-timeout: ranmt.serve_limits
     p.add_argument("--api-key-file", metavar="FILE",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
                         "KEY the file's first line (or set $RANMT_API_KEY)")
@@ -90,15 +77,7 @@ def _cmd_serve(args) -> None:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")
-    if args.max_queued_tokens < 1 or args.request_timeout <= 0 or args.max_batch_lines < 1:
-        raise ValueError("--max-queued-tokens, --max-batch-lines and --request-timeout must "
-                         "be positive")
-    limits = ServeLimits(max_lines=args.max_lines, max_chars=args.max_chars,
-                         max_beam=args.max_beam, batch_window_ms=args.batch_window_ms,
-                         max_batch_tokens=args.max_batch_tokens,
-                         max_batch_lines=args.max_batch_lines,
-                         max_queued_tokens=args.max_queued_tokens,
-                         request_timeout_s=args.request_timeout)
+    limits = ServeLimits.from_args(args)  # checks every limit's bound
     serve(args.checkpoint, args.host, args.port, args.device, args.quantize, limits,
           api_key=read_api_key(args.api_key_file), precision=args.precision)
 

@@ -1,0 +1,82 @@
+"""The server's limits, declared once: what one request may ask for and how requests are
+batched (defaults, bounds, and the ``ranmt serve`` options derived from them).
+
+A module of its own without heavy imports, so that building the command line does not load
+the server (FastAPI, torch): ``ranmt --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+def _limit(default, flag: str, help: str | None = None, low: float = 1, metavar=None):
+    """A field of :class:`ServeLimits`: its default, its ``ranmt serve`` flag and help, and
+    its lower bound (``low``; 0 with ``above`` semantics for the timeout)."""
+    return field(default=default, metadata={"flag": flag, "help": help, "low": low,
+                                            "metavar": metavar})
+
+
+@dataclass
+class ServeLimits:
+    """What one request may ask for, and how requests are batched: the one declaration of
+    the server's limits (defaults, bounds, and the ``ranmt serve`` options derived from
+    them by :func:`add_limit_options`)."""
+
+    max_lines: int = _limit(64, "--max-lines", "lines per request")
+    max_chars: int = _limit(2000, "--max-chars", "characters per line")
+    """Characters per input line."""
+    max_beam: int = _limit(16, "--max-beam")
+    batch_window_ms: float = _limit(5.0, "--batch-window-ms",
+                                    "how long a batch collects concurrent requests", low=0)
+    """How long a batch keeps collecting requests after its first one arrived."""
+    max_batch_tokens: int = _limit(8000, "--max-batch-tokens",
+                                   "source tokens per dynamic batch")
+    """Source tokens per dynamic batch (a larger single request still decodes alone)."""
+    max_batch_lines: int = _limit(
+        64, "--max-batch-lines", "lines per dynamic batch (default 64, one decoding batch: a "
+        "larger batch decodes no faster and delays every request in it)")
+    """Lines per dynamic batch: one decoding batch (``decode.batch_size``'s default). A larger
+    batch is decoded as several in a row anyway, so it gains no speed and holds every
+    request in it until the last one is done; smaller batches let requests take turns."""
+    max_queued_tokens: int = _limit(
+        32000, "--max-queued-tokens", "source tokens a model's queue may hold; beyond, "
+        "requests get 503 with Retry-After at once (default 32000, four full batches)")
+    """Source tokens a model's queue may hold (waiting, not yet decoding); a request that
+    would go beyond is refused at once with 503 and ``Retry-After`` (a request alone in an
+    empty queue is always taken)."""
+    request_timeout_s: float = _limit(
+        60.0, "--request-timeout", "drop a request (504) whose batch has not started after "
+        "this long; a request may ask for less with timeout_s (default 60)", low=0,
+        metavar="SECONDS")
+    """A request whose batch has not started this long after it arrived is dropped (504);
+    a request may ask for less with ``timeout_s``."""
+
+    def __post_init__(self):
+        for spec in fields(self):
+            value, low = getattr(self, spec.name), spec.metadata["low"]
+            # low 1: at least 1; low 0: above 0 for the timeout, at least 0 for the window
+            too_low = value <= 0 if spec.name == "request_timeout_s" else value < low
+            if too_low:
+                bound = "above 0" if spec.name == "request_timeout_s" else f"at least {low}"
+                raise ValueError(f"{spec.metadata['flag']} ({spec.name}) must be {bound}, "
+                                 f"not {value}")
+
+    @classmethod
+    def from_args(cls, args) -> ServeLimits:
+        """The limits ``ranmt serve``'s parsed options (:func:`add_limit_options`) give."""
+        return cls(**{spec.name: getattr(args, spec.name) for spec in fields(cls)})
+
+
+def add_limit_options(parser) -> None:
+    """One ``ranmt serve`` option per :class:`ServeLimits` field (its flag, type, default,
+    help), stored under the field's name."""
+    for spec in fields(ServeLimits):
+        meta = spec.metadata
+        options = {"type": int if spec.type in (int, "int") else float,
+                   "default": spec.default, "dest": spec.name}
+        if meta["help"]:
+            options["help"] = meta["help"]
+        if meta["metavar"]:
+            options["metavar"] = meta["metavar"]
+        parser.add_argument(meta["flag"], **options)

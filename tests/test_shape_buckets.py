@@ -169,3 +169,23 @@ def test_compiled_step_compiles_once_per_shape():
             per_shape = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert per_shape >= 1 and 2 <= len(shapes) <= 3
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= per_shape * len(shapes)
+
+
+def test_compiling_with_buckets_allows_a_graph_per_shape(reverse_data, tmp_path, monkeypatch):
+    """Dynamo stops compiling a frame after its recompile limit (8): with more buckets than
+    that the trainer raises the limit to the number of shapes (measured: 10 buckets gave 8
+    graphs and a warning before). torch.compile itself is stubbed out: no compilation."""
+    import torch._dynamo.config as dynamo_config
+
+    from ranmt.train import train
+    from test_train import _cfg
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(dynamo_config, name, 8)
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compiled.append(kw) or model)
+    buckets = list(range(6, 66, 4))  # 15 lengths (+ max_positions as the top bucket)
+    train(_cfg(**{"train.max_steps": 1, "train.compile": "true",
+                  "data.shape_buckets": str(buckets)}), reverse_data, tmp_path / "run")
+    assert compiled and compiled[0]["dynamic"] is False
+    assert getattr(dynamo_config, name) >= len(buckets) + 1

@@ -181,6 +181,17 @@ def validate(model, valid, cfg: Config, device, policy: PrecisionPolicy,
     return result
 
 
+def _allow_recompiles(shapes: int) -> None:
+    """Let Dynamo compile a frame for ``shapes`` static shapes: past its recompile limit (8
+    by default) it runs the frame eagerly, so a 9th bucket would never be compiled (as
+    measured: benchmarks/compile_buckets.py, 10 buckets, 8 graphs and a warning)."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):  # newer / older torch
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), shapes))
+
+
 def _latest_training_checkpoint(run_dir: Path) -> Path | None:
     steps = step_checkpoints(run_dir)
     return steps[-1] if steps else None
@@ -256,6 +267,8 @@ class TrainingRun:
         self.buckets = ShapeBuckets(data.shape_buckets, data.max_tokens, data.max_sentences,
                                     cfg.model.max_positions) if data.shape_buckets else None
         if self.t.compile:  # with shape buckets: one static graph per shape
+            if self.buckets is not None:
+                _allow_recompiles(len(self.buckets.lengths) + 1)
             self.step_model = torch.compile(self.step_model, mode=self.t.compile_mode,
                                             dynamic=False if self.buckets else None)
         t = self.t

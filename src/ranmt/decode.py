@@ -360,6 +360,16 @@ def _best_candidates(logprobs: Tensor, beam_scores: Tensor, beam: int
     return top_scores, top_beams, top_tokens
 
 
+def _first_beams(batch: int, beam: int, capacity: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """The beams before the first step: scores (B, beam) (all beams start identical, so only
+    the first is alive), token histories (B*beam, capacity), previous tokens (B*beam, 1)."""
+    beam_scores = torch.full((batch, beam), float("-inf"), device=device)
+    beam_scores[:, 0] = 0.0
+    history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
+    prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    return beam_scores, history, prev
+
+
 class _Finished:
     """Up to ``beam`` finished hypotheses per sentence, in the order they finished:
     scores (B, beam) (length-normalised), tokens (B, beam, capacity), lengths, counts."""
@@ -439,10 +449,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
                                        prefix, group=beam)  # caps (B,)
     finished = _Finished(batch, beam, capacity, device)
     active = torch.arange(batch, device=device)  # sentence ids still decoding
-    beam_scores = torch.full((batch, beam), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0  # all beams start identical: only the first is alive
-    history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
-    prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (n*beam, V)
         rows_sentences = active.repeat_interleave(beam)
@@ -559,10 +566,7 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     row_caps = caps_all.repeat_interleave(beam)  # (B*beam,)
     row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
-    beam_scores = torch.full((batch, beam), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0  # all beams start identical: only the first is alive
-    history = torch.zeros(batch * beam, capacity, dtype=torch.long, device=device)
-    prev = torch.full((batch * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (B*beam, V)
         _constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)

@@ -73,7 +73,7 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
         # a policy for another device type is run with the CPU's autocast (same op list)
         with torch.autocast("cpu", dtype=policy.autocast_dtype,
                             enabled=policy.autocast_dtype is not None), \
-                _residual(policy):
+                bf16_activations(policy.bf16_residual_stream):
             logits = model(src, tgt[:, :-1])
         marks.append(counter.kernels() if counter else 0)
         loss, _ = label_smoothed_loss(logits, tgt[:, 1:], 0.1)
@@ -89,10 +89,6 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
     with OpCounter() as counter:
         step(counter)
     return counts
-
-
-def _residual(policy: PrecisionPolicy):
-    return bf16_activations(policy.bf16_residual_stream)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from ranmt.benchmark import load_systems
+from ranmt.benchmark import load_systems, synchronize
 from ranmt.data.batching import pad_sources
 from ranmt.decode import search
 from ranmt.host_syncs import SyncCounter
@@ -58,11 +58,6 @@ def syncs_per_step(model, src, beam: int, length: int, options: dict) -> tuple[f
     return per_step, round(counts[0] - per_step * (length + 1))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def speeds(model, batches, beam: int, fixed_length: int | None, table: dict, repeats: int,
            device: torch.device) -> dict[str, tuple[float, list[float]]]:
     """Mode -> (median tokens/s, per-round seconds), tokens = best hypotheses + EOS."""
@@ -72,13 +67,13 @@ def speeds(model, batches, beam: int, fixed_length: int | None, table: dict, rep
     for repeat in range(repeats + 1):
         for shift in range(len(names)):
             name = names[(repeat + shift) % len(names)]
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             produced = 0
             for src in batches:
                 results = search(model, src, beam, fixed_length=fixed_length, **table[name])
                 produced += sum(len(hyps[0][0]) + 1 for hyps in results)
-            _sync(device)
+            synchronize(device)
             if repeat:
                 seconds[name].append(time.perf_counter() - start)
                 tokens[name] = produced

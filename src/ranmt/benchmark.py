@@ -40,7 +40,7 @@ from ranmt.train import label_smoothed_loss
 from ranmt.translator import Translator, pick_device
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -116,7 +116,7 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
     decode = config.decode
     model.eval()
     generated = 0
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     lengths = np.array([len(s) for s in sources])
     for rows in make_batches(lengths, lengths, 10 ** 9, batch):
@@ -124,7 +124,7 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
         hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
                       decode.max_len_b, 1, fixed_length=fixed_length)
         generated += sum(len(h[0][0]) + 1 for h in hyps)
-    _sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     return generated / seconds, len(sources) / seconds
 
@@ -148,7 +148,7 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
     tokens = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     for rows in batches:
         arrays = [np.array(sources[i]) for i in rows]
@@ -160,7 +160,7 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
         loss.backward()
         optimizer.step()
         tokens += batch.target_tokens
-    _sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - start
     model.eval()
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None

@@ -490,9 +490,9 @@ def _constrain_rows(logprobs: Tensor, step: int, fixed_length: int | None, caps:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
     (in place)."""
     _suppress_early_eos(logprobs, step, fixed_length)
-    not_eos = torch.ones(logprobs.shape[-1], dtype=torch.bool, device=logprobs.device)
-    not_eos[EOS_ID] = False
-    logprobs.masked_fill_(caps.le(step)[:, None] & not_eos, float("-inf"))
+    eos = logprobs[:, EOS_ID].clone()  # rows at their limit keep EOS only, at its own value
+    logprobs.masked_fill_(caps.le(step)[:, None], float("-inf"))
+    logprobs[:, EOS_ID] = eos
     if prefix is None or step >= prefix.shape[1]:
         return
     wanted = prefix[:, step: step + 1]  # (N, 1); PAD where the row's prefix has ended

@@ -255,10 +255,14 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
         headers = {"Retry-After": str(err.retry_after)} if isinstance(err, QueueFullError) else None
         return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
 
+    methods: dict[str, set[str]] = {}  # path -> allowed methods (from the routes)
+
     @app.middleware("http")
     async def measure(request: Request, call_next):
         started = time.perf_counter()
-        allowed = _allowed_methods(app, request.url.path)
+        if not methods:  # the routes are all added by the first request: read them once
+            methods.update(_allowed_methods(app))
+        allowed = methods.get(request.url.path)
         if allowed and request.method not in allowed:
             # without this the explorer mounted at "/" answers a wrong method with 404
             response = JSONResponse(
@@ -295,14 +299,13 @@ def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
     return beam, nbest
 
 
-def _allowed_methods(app: FastAPI, path: str) -> set[str]:
-    """The HTTP methods the app's routes (not its mounts) accept at ``path`` (empty: no route
-    there)."""
-    methods: set[str] = set()
+def _allowed_methods(app: FastAPI) -> dict[str, set[str]]:
+    """Path -> the HTTP methods the app's routes (not its mounts) accept there."""
+    known: dict[str, set[str]] = {}
     for route in app.routes:
-        if getattr(route, "path", None) == path and getattr(route, "methods", None):
-            methods |= set(route.methods)
-    return methods
+        if getattr(route, "methods", None):
+            known.setdefault(route.path, set()).update(route.methods)
+    return known
 
 
 def _add_status_endpoints(app: FastAPI, served: _ServedModels) -> None:

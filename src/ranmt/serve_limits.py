@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 
-def _limit(default, flag: str, help: str | None = None, low: float = 1, metavar=None):
+def _limit(default, flag: str, help: str | None = None, low: float = 1, above: bool = False,
+           metavar=None):
     """A field of :class:`ServeLimits`: its default, its ``ranmt serve`` flag and help, and
-    its lower bound (``low``; 0 with ``above`` semantics for the timeout)."""
+    its lower bound ``low`` (the value must be at least ``low``, or above it with ``above``)."""
     return field(default=default, metadata={"flag": flag, "help": help, "low": low,
-                                            "metavar": metavar})
+                                            "above": above, "metavar": metavar})
 
 
 @dataclass
@@ -48,17 +49,16 @@ class ServeLimits:
     request_timeout_s: float = _limit(
         60.0, "--request-timeout", "drop a request (504) whose batch has not started after "
         "this long; a request may ask for less with timeout_s (default 60)", low=0,
-        metavar="SECONDS")
+        above=True, metavar="SECONDS")
     """A request whose batch has not started this long after it arrived is dropped (504);
     a request may ask for less with ``timeout_s``."""
 
     def __post_init__(self):
         for spec in fields(self):
-            value, low = getattr(self, spec.name), spec.metadata["low"]
-            # low 1: at least 1; low 0: above 0 for the timeout, at least 0 for the window
-            too_low = value <= 0 if spec.name == "request_timeout_s" else value < low
-            if too_low:
-                bound = "above 0" if spec.name == "request_timeout_s" else f"at least {low}"
+            value, low, above = (getattr(self, spec.name), spec.metadata["low"],
+                                 spec.metadata["above"])
+            if value <= low if above else value < low:
+                bound = f"above {low}" if above else f"at least {low}"
                 raise ValueError(f"{spec.metadata['flag']} ({spec.name}) must be {bound}, "
                                  f"not {value}")
 

@@ -484,18 +484,30 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
 # ------------------------------------------------------------------------------ sync-free
 
 
-def _constrain_rows(logprobs: Tensor, step: int, fixed_length: int | None, caps: Tensor,
-                    prefix: Tensor | None) -> None:
+def _constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | None,
+                    caps: Tensor, prefix: Tensor | None) -> None:
     """:func:`_constrain` for every row at once, without reading a device value on the host:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
-    (in place)."""
-    _suppress_early_eos(logprobs, step, fixed_length)
+    (in place). ``step``: the step of every row, or each row's own (N,) (step-level
+    batching, ``ranmt.continuous``)."""
+    per_row = isinstance(step, Tensor)
+    if per_row and fixed_length is not None:
+        logprobs[:, EOS_ID].masked_fill_(step.lt(fixed_length), float("-inf"))
+    elif not per_row:
+        _suppress_early_eos(logprobs, step, fixed_length)
     eos = logprobs[:, EOS_ID].clone()  # rows at their limit keep EOS only, at its own value
     logprobs.masked_fill_(caps.le(step)[:, None], float("-inf"))
     logprobs[:, EOS_ID] = eos
-    if prefix is None or step >= prefix.shape[1]:
+    if prefix is None:
         return
-    wanted = prefix[:, step: step + 1]  # (N, 1); PAD where the row's prefix has ended
+    if per_row:  # PAD where a row's prefix has ended
+        inside = step.lt(prefix.shape[1])[:, None]
+        wanted = prefix.gather(1, step.clamp(max=prefix.shape[1] - 1)[:, None])
+        wanted = wanted.masked_fill(~inside, PAD_ID)
+    elif step >= prefix.shape[1]:
+        return
+    else:
+        wanted = prefix[:, step: step + 1]  # (N, 1); PAD where the row's prefix has ended
     forced = wanted.ne(PAD_ID)
     kept = logprobs.gather(1, wanted)  # (N, 1)
     logprobs.masked_fill_(forced, float("-inf"))
@@ -591,15 +603,18 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
 
 
 def _store_finished(finished: _Finished, ends: Tensor, slots: Tensor, top_scores: Tensor,
-                    top_beams: Tensor, history: Tensor, step: int, penalty: float,
-                    beam: int) -> None:
+                    top_beams: Tensor, history: Tensor, step: int | Tensor,
+                    penalty: float | Tensor, beam: int) -> None:
     """Write the finishing candidates ``ends`` (B, 2k) of every sentence into their slots
     (B, 2k) of ``finished`` (scores divided by ``penalty``, the beam's history (B*beam,
-    capacity) up to ``step``) with scatters; the other candidates land in the spare slot."""
+    capacity) up to ``step``) with scatters; the other candidates land in the spare slot.
+    ``step`` and ``penalty`` are per sentence ((B, 1) tensors) under step-level batching."""
     batch, width = ends.shape
     target = torch.where(ends, slots, beam)  # (B, 2k)
     finished.scores.scatter_(1, target, top_scores / penalty)
-    finished.lengths.scatter_(1, target, torch.full_like(target, step))
+    lengths = step.expand_as(target) if isinstance(step, Tensor) else torch.full_like(target,
+                                                                                      step)
+    finished.lengths.scatter_(1, target, lengths)
     capacity = history.shape[1]
     hypotheses = history.view(batch, -1, capacity).gather(
         1, top_beams[..., None].expand(-1, -1, capacity))  # (B, 2k, capacity)

@@ -19,6 +19,11 @@ the variant is:
   decoding (T == 1). Per-step histories go through :func:`cache_append`: with
   ``cache["capacity"]`` set (the fast decoder) their buffers are allocated once at that
   length and written in place, otherwise they grow by concatenation (the reference).
+  Step-level batching (``ranmt.continuous``) decodes rows that are at different positions:
+  then ``cache["positions"]`` (B,) long holds each row's query position and
+  ``cache["span"]`` (an int) the largest position + 1; a history keeps position j of every
+  row in slot j (rows shorter than the span have zeros after their position, masked by
+  :func:`rows_allowed`), and :func:`cache_append` writes each row at its own position.
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
 """
 
@@ -153,6 +158,8 @@ def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
     buffer with one more step (greedy search between reorders; one copy, as with
     concatenation, but no allocation).
     """
+    if cache.get("positions") is not None:
+        return _append_at_positions(cache, name, step_values)
     capacity = cache.get("capacity")
     if capacity is None:
         if name in cache:
@@ -181,6 +188,32 @@ def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
     cache[name] = current
     cache["static"][name] = end
     return current if current.shape[2] == end else current[:, :, :end]
+
+
+def _append_at_positions(cache: dict, name: str, step_values: Tensor) -> Tensor:
+    """Per-row positions (step-level batching): write row r's ``step_values`` (B, H, 1, d)
+    at slot ``cache["positions"][r]`` of the history (B, H, L, d), grown (zeros, doubled)
+    when the span passes L; returns slots ``:span`` (B, H, span, d)."""
+    positions, span = cache["positions"], cache["span"]
+    batch, heads, _, dim = step_values.shape
+    current = cache.get(name)
+    if current is None or current.shape[2] < span:
+        length = max(span, 16 if current is None else 2 * current.shape[2])
+        grown = step_values.new_zeros(batch, heads, length, dim)
+        if current is not None:
+            grown[:, :, : current.shape[2]] = current
+        current = grown
+    current[torch.arange(batch, device=positions.device), :, positions] = step_values[:, :, 0]
+    cache[name] = current
+    return current[:, :, :span]
+
+
+def rows_allowed(cache: dict) -> Tensor:
+    """Per-row positions: (B, 1, 1, span) bool, True at the keys row r may attend to (slots
+    0 .. ``positions[r]``, its own history up to and including this step)."""
+    positions = cache["positions"]
+    slots = torch.arange(cache["span"], device=positions.device)
+    return (slots[None, :] <= positions[:, None])[:, None, None, :]
 
 
 def append_values(cache: dict, values: Tensor) -> Tensor:

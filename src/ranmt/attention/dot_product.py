@@ -29,6 +29,7 @@ from ranmt.attention.base import (
     build_mask,
     cache_append,
     merge_heads,
+    rows_allowed,
     split_heads,
 )
 from ranmt.dropout import dropout, fast_masks_on
@@ -121,8 +122,11 @@ class DotProductAttention(Attention):
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
                 cache=None, need_weights=False) -> AttnOutput:
-        fast_step = (cache is not None and cache.get("capacity") is not None
-                     and not self.is_cross and query.shape[1] == 1)
+        # Per-row positions (step-level batching, ``ranmt.continuous``): rows at different
+        # steps, each attending to its own history (base.rows_allowed).
+        at_rows = cache is not None and cache.get("positions") is not None
+        fast_decoder = cache is not None and (cache.get("capacity") is not None or at_rows)
+        fast_step = fast_decoder and not self.is_cross and query.shape[1] == 1
         if fast_step:
             q, k, v = self._incremental_self(query, cache)
         else:
@@ -130,7 +134,7 @@ class DotProductAttention(Attention):
             k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
         # Decoding steps of the fast path (a cache with a capacity): a few queries per row,
         # where explicit products beat the fused kernel's per-call overhead (~6% of a step).
-        few_queries = cache is not None and cache.get("capacity") is not None
+        few_queries = fast_decoder
         if self.is_cross and k.shape[0] != q.shape[0]:
             return self._grouped(q, k, v, key_padding_mask, need_weights, state, few_queries)
         q_len, k_len = q.shape[2], k.shape[2]
@@ -138,8 +142,11 @@ class DotProductAttention(Attention):
         # so causality is automatic; in full passes the mask is built from positions.
         incremental = cache is not None and not self.is_cross
         q_offset = k_len - q_len if incremental else 0
-        allowed = build_mask(key_padding_mask, causal and not incremental, q_len, k_len,
-                             q_offset, q.device)
+        if incremental and at_rows:
+            allowed = rows_allowed(cache)  # (B, 1, 1, span)
+        else:
+            allowed = build_mask(key_padding_mask, causal and not incremental, q_len, k_len,
+                                 q_offset, q.device)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:

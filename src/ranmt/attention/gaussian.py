@@ -91,15 +91,31 @@ class GaussianAttention(Attention):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
 
-    def weights_for(self, q_offset: int, q_len: int, k_len: int,
+    def weights_for(self, q_offset: int | Tensor, q_len: int, k_len: int,
                     key_padding_mask: Tensor | None, causal: bool, device) -> Tensor:
-        """(B|1, H, T, S) weights with masked keys at exactly 0."""
+        """(B|1, H, T, S) weights with masked keys at exactly 0. ``q_offset`` a (B,) tensor:
+        one query per row at its own position (step-level batching)."""
+        if isinstance(q_offset, Tensor):
+            return self._weights_at_rows(q_offset, k_len, key_padding_mask, causal)
         positions = torch.arange(q_offset, q_offset + q_len, device=device)
         centres = head_centres(self.role, self.heads, positions, self.gamma)
         weights = hard_coded_weights(centres, k_len, self.sigma, self.implementation)[None]
         allowed = build_mask(key_padding_mask, causal, q_len, k_len, q_offset, device)
         if allowed is not None:
             weights = weights * allowed
+        return weights
+
+    def _weights_at_rows(self, positions: Tensor, k_len: int, key_padding_mask: Tensor | None,
+                         causal: bool) -> Tensor:
+        """(B, H, 1, S) weights of one query per row at ``positions`` (B,)."""
+        centres = head_centres(self.role, self.heads, positions, self.gamma)  # (H, B)
+        weights = hard_coded_weights(centres, k_len, self.sigma, self.implementation)
+        weights = weights.transpose(0, 1)[:, :, None]  # (B, H, 1, S)
+        keys = torch.arange(k_len, device=positions.device)
+        if causal:
+            weights = weights * (keys[None, :] <= positions[:, None])[:, None, None]
+        if key_padding_mask is not None:
+            weights = weights * ~key_padding_mask[:, None, None, :]
         return weights
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
@@ -109,10 +125,10 @@ class GaussianAttention(Attention):
             if "v" not in cache:
                 cache["v"] = split_heads(self.value_proj(memory), self.heads)
             values = cache["v"]
-            q_offset = cache["step"]
+            q_offset = _query_offset(cache)
         elif cache is not None:
             values = append_values(cache, split_heads(self.value_proj(memory), self.heads))
-            q_offset = cache["step"]
+            q_offset = _query_offset(cache)
         else:
             values = split_heads(self.value_proj(memory), self.heads)  # (B, H, S, d_h)
         weights = self.weights_for(q_offset, query.shape[1], values.shape[2], key_padding_mask,
@@ -120,3 +136,10 @@ class GaussianAttention(Attention):
         context = weights @ values  # (B, H, T, d_h)
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, state)
+
+
+def _query_offset(cache: dict) -> int | Tensor:
+    """The incremental query's position: the step (an int), or per row (B,) under
+    step-level batching."""
+    positions = cache.get("positions")
+    return cache["step"] if positions is None else positions

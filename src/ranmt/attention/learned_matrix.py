@@ -122,6 +122,8 @@ class LearnedMatrixAttention(Attention):
 
     def _incremental(self, values: Tensor, cache: dict, need_weights: bool) -> AttnOutput:
         """One decoder step: values (B, H, 1, d_h) of position t = cache["step"]."""
+        if cache.get("positions") is not None:
+            return self._incremental_at_rows(values, cache, need_weights)
         step = cache["step"]
         self._check_length(step + 1)
         values = append_values(cache, values)  # (B, H, t+1, d_h): values only
@@ -135,3 +137,17 @@ class LearnedMatrixAttention(Attention):
         if need_weights:
             weights = probs[None].expand(values.shape[0], -1, -1, -1)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, None)
+
+    def _incremental_at_rows(self, values: Tensor, cache: dict, need_weights: bool
+                             ) -> AttnOutput:
+        """One step of rows at their own positions p_r (``cache["positions"]`` (B,), step-level
+        batching): row r reads row p_r of the causal matrix; its zeros above the diagonal
+        mask the slots after p_r."""
+        positions, span = cache["positions"], cache["span"]
+        self._check_length(span)
+        values = append_values(cache, values)  # (B, H, span, d_h)
+        probs = self.inference_causal_probs()[:, positions, :span]  # (H, B, span)
+        probs = probs.transpose(0, 1)[:, :, None].to(values.dtype)  # (B, H, 1, span)
+        context = probs @ values  # (B, H, 1, d_h)
+        return AttnOutput(self.out_proj(merge_heads(context)), probs if need_weights else None,
+                          None)

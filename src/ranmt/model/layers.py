@@ -37,8 +37,14 @@ class SinusoidalPositions(nn.Module):
         table[:, 1: 2 * half: 2] = torch.cos(angles)
         return table
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        """(length, d) embeddings of positions offset .. offset+length-1."""
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """(length, d) embeddings of positions offset .. offset+length-1; with ``offset`` a
+        (B,) tensor of positions (one query per row): (B, 1, d)."""
+        if isinstance(offset, Tensor):
+            end = int(offset.max()) + 1
+            if end > self.table.shape[0]:
+                self.table = self._table(end).to(self.table.device)
+            return self.table[offset][:, None]
         end = offset + length
         if end > self.table.shape[0]:
             self.table = self._table(end).to(self.table.device)
@@ -53,13 +59,21 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_positions, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
 
-    def forward(self, length: int, offset: int = 0) -> Tensor:
+    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+        """As :meth:`SinusoidalPositions.forward`."""
+        if isinstance(offset, Tensor):
+            end = int(offset.max()) + 1
+            self._check(end)
+            return self.embedding.weight[offset][:, None]
         end = offset + length
+        self._check(end)
+        return self.embedding.weight[offset:end]
+
+    def _check(self, end: int) -> None:
         if end > self.embedding.num_embeddings:
             raise ValueError(
                 f"sequence of {end} positions exceeds learned positions "
                 f"(model.max_positions={self.embedding.num_embeddings})")
-        return self.embedding.weight[offset:end]
 
 
 def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module | None:
@@ -82,7 +96,8 @@ class Embedder(nn.Module):
         self.scale = math.sqrt(tokens.embedding_dim)
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """``offset``: position of the first token, or (B,) positions of one token per row."""
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
             x = x + self.positions(ids.shape[1], offset).to(x.dtype)

@@ -77,9 +77,12 @@ class Decoder(nn.Module):
                 cache: dict | None = None, need_weights: bool = False):
         """tgt_in (B, T) -> logits (B, T, V), per-layer weight dicts.
 
-        With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position cache["step"].
+        With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position cache["step"],
+        or, when ``cache["positions"]`` (B,) is set (step-level batching), row r at position
+        ``positions[r]`` (``cache["span"]``: the largest position + 1).
         """
-        offset = 0 if cache is None else cache["step"]
+        positions = None if cache is None else cache.get("positions")
+        offset = 0 if cache is None else cache["step"] if positions is None else positions
         x = self.embedder(tgt_in, offset)
         self_state, cross_state = self.initial_states()
         all_weights = []
@@ -87,8 +90,10 @@ class Decoder(nn.Module):
             layer_cache = None
             if cache is not None:
                 layer_cache = cache["layers"][index]
-                layer_cache["self"]["step"] = offset
-                layer_cache["cross"]["step"] = offset
+                for part in (layer_cache["self"], layer_cache["cross"]):
+                    part["step"] = cache["step"]
+                    if positions is not None:
+                        part["positions"], part["span"] = positions, cache["span"]
             x, self_state, cross_state, weights = layer(
                 x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights)
             all_weights.append(weights)

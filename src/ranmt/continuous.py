@@ -1,0 +1,388 @@
+"""Step-level (continuous) batching: lines join a running decoding batch between two steps
+and leave it as soon as they finish.
+
+:class:`ContinuousDecoder` holds the sentences being decoded with one set of decoding
+options (beam search, greedy search or sampling). Every :meth:`ContinuousDecoder.step`
+advances each of them by one token and first admits the lines queued by
+:meth:`ContinuousDecoder.add`, so a batch never waits for its longest member and a new line
+starts within one step. What makes it possible:
+
+* **Rows at their own positions.** Each sentence (its ``beam`` rows) is at its own step.
+  The decoder cache runs with per-row positions (``cache["positions"]`` (rows,),
+  ``ranmt.attention.base``): position embeddings, self-attention histories (slot j holds
+  position j of every row, later slots masked), RAN's and the Synthesizer's matrix rows,
+  hard-coded Gaussian centres are all taken per row.
+* **Joining.** Joining lines are encoded together and take their first step in a cache of
+  their own; that cache is then concatenated to the running one
+  (:func:`merge_caches`: source-side tensors padded to the longer source, histories to
+  the longer history), and their search state to the running state.
+* **Leaving.** A sentence with ``beam`` finished hypotheses (or nothing left to extend,
+  or EOS in greedy search and sampling) is answered at once and its rows leave the batch,
+  as in the shrinking search (:func:`ranmt.decode.beam_search`).
+
+The search itself is that of :mod:`ranmt.decode` (same candidates, same selection, same
+length limits, prefixes and length penalty), per sentence step instead of one step for
+the batch: each line gets the hypotheses and scores it gets decoded alone (within float
+noise: its rows share matrix products with other rows, and its source is padded to the
+batch's longest). Sampling draws each line's tokens from the generator given with it,
+over its own rows only: a request decoded alone with the seed ``ranmt.sampling.sample``
+uses gives the same samples; sharing the batch with other requests does not change which
+tokens a request draws (unlike batch-level sampling, where one generator serves the
+whole batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ranmt.data.batching import pad_sources
+from ranmt.decode import (
+    _best_candidates,
+    _caps_with_prefix,
+    _constrain_rows,
+    _Finished,
+    _next_beams,
+    _select_candidates,
+    _store_finished,
+    length_penalty,
+    output_caps,
+    prefix_lengths,
+)
+from ranmt.model import BOS_ID, EOS_ID, PAD_ID
+
+Hypotheses = list[tuple[list[int], float]]
+
+
+@dataclass
+class _Sentences:
+    """The search state of the sentences in the batch, sentence-major (n sentences, rows =
+    n * group, group = beam, or 1 in greedy search and sampling)."""
+
+    tickets: list[Any]
+    """Per sentence: what the caller gave with it (answered with its hypotheses)."""
+    generators: list[torch.Generator | None]
+    """Per sentence: the generator its samples are drawn from (sampling), else None."""
+    steps: Tensor
+    """(n,) the step each sentence takes next: its query position."""
+    caps: Tensor
+    """(n,) output length limits (EOS forced at that step)."""
+    prefix: Tensor | None
+    """(n, P) forced target prefixes (PAD-padded), or None."""
+    scores: Tensor
+    """(n, group) beam scores (greedy search, sampling: (n, 1) summed log-probs)."""
+    history: Tensor
+    """(rows, L) tokens written so far, token t of a row at column t."""
+    finished: _Finished | None
+    """Beam search: up to ``beam`` finished hypotheses per sentence (+ a spare slot)."""
+    prev: Tensor
+    """(rows, 1) the token each row feeds at its next step."""
+
+    def select(self, sentences: Tensor, rows: Tensor) -> _Sentences:
+        """The state of ``sentences`` (m,) (with their ``rows`` (m * group,))."""
+        chosen = sentences.tolist()
+        finished = None
+        if self.finished is not None:
+            finished = _Finished.__new__(_Finished)
+            for name in ("scores", "tokens", "lengths", "counts"):
+                setattr(finished, name, getattr(self.finished, name).index_select(0, sentences))
+        return _Sentences(
+            [self.tickets[i] for i in chosen], [self.generators[i] for i in chosen],
+            self.steps.index_select(0, sentences), self.caps.index_select(0, sentences),
+            None if self.prefix is None else self.prefix.index_select(0, sentences),
+            self.scores.index_select(0, sentences), self.history.index_select(0, rows),
+            finished, self.prev.index_select(0, rows))
+
+
+def _cat_padded(first: Tensor, second: Tensor, value: float | bool = 0) -> Tensor:
+    """``first`` and ``second`` concatenated along dim 0, every other dim padded (at its end,
+    with ``value``) to the larger of the two."""
+    shape = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
+
+    def padded(tensor: Tensor) -> Tensor:
+        pads = []
+        for size, target in zip(reversed(tensor.shape[1:]), reversed(shape)):
+            pads += [0, target - size]
+        if not any(pads):
+            return tensor
+        if tensor.dtype == torch.bool:
+            return F.pad(tensor.to(torch.uint8), pads, value=int(value)).bool()
+        return F.pad(tensor, pads, value=value)
+
+    return torch.cat([padded(first), padded(second)])
+
+
+def merge_caches(first: Any, second: Any, key: str = "") -> Any:
+    """Two decoder caches (any variant's, an ensemble's) as one: every tensor concatenated
+    along its first (batch, row or sentence) dimension, the others padded to the larger
+    (source length, history length) with zeros, the source padding mask with True."""
+    if isinstance(first, Tensor):
+        return _cat_padded(first, second, True if key == "pad_mask" else 0)
+    if isinstance(first, dict):
+        if first.keys() != second.keys():
+            raise ValueError(f"cannot merge decoder caches with parts {sorted(first)} and "
+                             f"{sorted(second)}")
+        return {name: merge_caches(value, second[name], name) for name, value in first.items()}
+    if isinstance(first, list):
+        return [merge_caches(a, b, key) for a, b in zip(first, second)]
+    return first  # ints and flags (step, group, capacity) are equal in both
+
+
+def _set_positions(cache: dict, positions: Tensor, span: int) -> None:
+    """Give a decoder cache (an ensemble's: each member's) per-row positions (rows,)."""
+    for member in cache.get("members", [cache]):
+        member["positions"], member["span"] = positions, span
+
+
+class ContinuousDecoder:
+    """Decode lines with step-level batching (see the module docstring).
+
+    ``beam`` 1 is greedy search, or sampling when lines come with a generator; the other
+    options are those of :func:`ranmt.decode.search` (``limit``: the longest output, by
+    default the model's ``max_positions - 1``)."""
+
+    def __init__(self, model, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
+                 max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1,
+                 limit: int | None = None, fixed_length: int | None = None, pick=None):
+        if beam < 1:
+            raise ValueError(f"beam size must be >= 1, not {beam}")
+        self.model = model
+        self.beam = beam
+        self.lenpen, self.lenpen_style = lenpen, lenpen_style
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.nbest = nbest
+        self.limit = model.config.max_positions - 1 if limit is None else limit
+        self.fixed_length = fixed_length
+        self.pick = pick
+        """Sampling: ``generator -> (log-probs (n, V) -> (scores (n,), tokens (n,)))``, the
+        draw of :meth:`ranmt.sampling.Sampler.pick`."""
+        self.device = next(model.parameters()).device
+        self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []
+        self.sentences: _Sentences | None = None
+        self.cache: dict | None = None
+        self.steps_taken = 0
+
+    # ------------------------------------------------------------------ the queue
+    def add(self, ticket: Any, ids: list[int], prefix: list[int] | None = None,
+            generator: torch.Generator | None = None) -> None:
+        """Queue one line (source ids without EOS; non-empty): it joins at the next step.
+        ``ticket`` comes back with its hypotheses; ``generator``: sampling only."""
+        if not ids:
+            raise ValueError("an empty line has no translation to decode")
+        if (generator is not None) != (self.pick is not None):
+            raise ValueError("a generator goes with sampling (a decoder built with pick), "
+                             "and sampling needs one per line")
+        self.waiting.append((ticket, list(ids), list(prefix or []), generator))
+
+    @property
+    def decoding(self) -> int:
+        """Sentences in the batch now."""
+        return 0 if self.sentences is None else len(self.sentences.tickets)
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows in the batch now (sentences x beam)."""
+        return self.decoding * self.beam
+
+    def idle(self) -> bool:
+        return self.sentences is None and not self.waiting
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Any, Hypotheses]]:
+        """Admit the waiting lines, advance every sentence by one token; returns the
+        sentences that finished: (ticket, n-best ``(tokens, score)``, best first)."""
+        parts = []
+        if self.sentences is not None:
+            rows_steps = self.sentences.steps.repeat_interleave(self.beam)
+            _set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
+            parts.append(self.model.decode_step(self.sentences.prev, self.cache))
+        if self.waiting:
+            joining, cache, logprobs = self._start(self.waiting)
+            self.waiting = []
+            parts.append(logprobs)
+            if self.sentences is None:
+                self.sentences, self.cache = joining, cache
+            else:
+                self.sentences = _merge_sentences(self.sentences, joining)
+                self.cache = merge_caches(self.cache, cache)
+        if not parts:
+            return []
+        self.steps_taken += 1
+        logprobs = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if self.beam == 1:
+            return self._advance_greedy(logprobs)
+        return self._advance_beams(logprobs)
+
+    def run(self) -> list[tuple[Any, Hypotheses]]:
+        """Step until every queued and running line has finished; all that finished."""
+        done = []
+        while not self.idle():
+            done += self.step()
+        return done
+
+    def _start(self, waiting) -> tuple[_Sentences, dict, Tensor]:
+        """Encode the joining lines and take their first step in a cache of their own:
+        (their state, their cache, their log-probs (rows, V))."""
+        model, device, group = self.model, self.device, self.beam
+        src = pad_sources([ids for _, ids, _, _ in waiting]).to(device)
+        count = src.shape[0]
+        prefix = None
+        if any(prefix for _, _, prefix, _ in waiting):
+            width = max(len(prefix) for _, _, prefix, _ in waiting)
+            prefix = torch.full((count, width), PAD_ID, dtype=torch.long)
+            for row, (_, _, tokens, _) in enumerate(waiting):
+                prefix[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            prefix = prefix.to(device)
+        caps = output_caps(src, self.max_len_a, self.max_len_b, self.limit, self.fixed_length)
+        caps = _caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)
+        memory, pad_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, pad_mask, group=group)
+        _set_positions(cache, torch.zeros(count * group, dtype=torch.long, device=device), 1)
+        prev = torch.full((count * group, 1), BOS_ID, dtype=torch.long, device=device)
+        logprobs = model.decode_step(prev, cache)
+        scores = torch.zeros(count, group, device=device)
+        scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive
+        capacity = int(caps.max()) + 1
+        finished = _Finished(count, group + 1, capacity, device) if group > 1 else None
+        state = _Sentences(
+            [ticket for ticket, _, _, _ in waiting], [gen for _, _, _, gen in waiting],
+            torch.zeros(count, dtype=torch.long, device=device), caps, prefix, scores,
+            torch.zeros(count * group, capacity, dtype=torch.long, device=device), finished,
+            prev)
+        return state, cache, logprobs
+
+    # ------------------------------------------------------------------ the searches
+    def _constrain(self, logprobs: Tensor) -> Tensor:
+        """Length limits, fixed length and prefixes at each row's own step (in place);
+        returns the rows' steps (rows,)."""
+        state, group = self.sentences, self.beam
+        row_steps = state.steps.repeat_interleave(group)
+        prefix = None if state.prefix is None else state.prefix.repeat_interleave(group, 0)
+        _constrain_rows(logprobs, row_steps, self.fixed_length,
+                        state.caps.repeat_interleave(group), prefix)
+        return row_steps
+
+    def _advance_beams(self, logprobs: Tensor) -> list[tuple[Any, Hypotheses]]:
+        """One beam-search step of every sentence: the selection of
+        :func:`ranmt.decode.beam_search` with each sentence at its own step."""
+        state, beam = self.sentences, self.beam
+        row_steps = self._constrain(logprobs)
+        top_scores, top_beams, top_tokens = _best_candidates(logprobs, state.scores, beam)
+        ends, extends, slots = _select_candidates(top_scores, top_tokens,
+                                                  state.finished.counts, beam)
+        if bool(ends.any()):
+            steps = state.steps[:, None]
+            penalty = length_penalty(steps.double() + 1, self.lenpen, self.lenpen_style)
+            _store_finished(state.finished, ends, slots, top_scores, top_beams, state.history,
+                            steps, penalty.to(top_scores.dtype), beam)
+        keep = state.finished.counts.lt(beam) & extends.any(1)  # (n,)
+        done = [(state.tickets[i], self._nbest(i)) for i in (~keep).nonzero()[:, 0].tolist()]
+        kept = keep.nonzero()[:, 0]
+        if kept.numel() == 0:
+            self.sentences = self.cache = None
+            return done
+        picked, next_scores = _next_beams(extends, top_scores, beam)
+        rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked[kept])).view(-1)
+        tokens = top_tokens[kept].gather(1, picked[kept]).view(-1)
+        self.model.reorder_cache(self.cache, rows)
+        state = state.select(kept, rows)
+        state.scores = next_scores[kept]
+        self._write(state, row_steps.index_select(0, rows), tokens)
+        self.sentences = state
+        return done
+
+    def _advance_greedy(self, logprobs: Tensor) -> list[tuple[Any, Hypotheses]]:
+        """One step of greedy search (or sampling) of every sentence: the arg-max (or each
+        sentence's draw from its own generator), summed log-probs, done at EOS."""
+        state = self.sentences
+        row_steps = self._constrain(logprobs)
+        if self.pick is None:
+            best_score, best = logprobs.max(dim=-1)  # (n,)
+        else:
+            best_score, best = self._draw(logprobs, state.generators)
+        state.scores[:, 0] += best_score
+        state.history[torch.arange(len(row_steps), device=self.device), row_steps] = best
+        ended = best.eq(EOS_ID)
+        done = []
+        if bool(ended.any()):
+            lengths, scores = state.steps.tolist(), state.scores[:, 0].tolist()
+            for i in ended.nonzero()[:, 0].tolist():
+                tokens = state.history[i, : lengths[i]].tolist()
+                done.append((state.tickets[i], [(tokens, scores[i])]))
+            kept = (~ended).nonzero()[:, 0]
+            if kept.numel() == 0:
+                self.sentences = self.cache = None
+                return done
+            self.model.reorder_cache(self.cache, kept)
+            state = state.select(kept, kept)
+            best = best.index_select(0, kept)
+            self.sentences = state
+        state.steps += 1
+        state.prev = best[:, None]
+        return done
+
+    def _draw(self, logprobs: Tensor, generators: list) -> tuple[Tensor, Tensor]:
+        """Sampling: the rows of each run of sentences sharing a generator drawn together,
+        in row order (as :func:`ranmt.sampling.sample` draws a request's rows)."""
+        scores, tokens, start = [], [], 0
+        while start < len(generators):
+            end = start
+            while end < len(generators) and generators[end] is generators[start]:
+                end += 1
+            score, token = self.pick(generators[start])(logprobs[start:end])
+            scores.append(score)
+            tokens.append(token)
+            start = end
+        return torch.cat(scores), torch.cat(tokens)
+
+    def _write(self, state: _Sentences, row_steps: Tensor, tokens: Tensor) -> None:
+        """Write each row's new token at its step; the sentences move one step on."""
+        state.history[torch.arange(len(row_steps), device=self.device), row_steps] = tokens
+        state.steps += 1
+        state.prev = tokens[:, None]
+
+    def _nbest(self, sentence: int) -> Hypotheses:
+        """The ``nbest`` best finished hypotheses of a sentence (ties in finishing order)."""
+        finished = self.sentences.finished
+        count = int(finished.counts[sentence])
+        lengths = finished.lengths[sentence].tolist()
+        scores = finished.scores[sentence].tolist()
+        hyps = [(finished.tokens[sentence, slot, : lengths[slot]].tolist(), scores[slot])
+                for slot in range(min(count, self.beam))]
+        hyps = sorted(hyps, key=lambda item: -item[1])[: self.nbest]
+        return hyps if hyps else [([], -math.inf)]
+
+
+def _merge_sentences(first: _Sentences, second: _Sentences) -> _Sentences:
+    """The running sentences followed by the joining ones (histories and prefixes padded)."""
+    prefix = None
+    if first.prefix is not None or second.prefix is not None:
+        prefix = _cat_padded(_prefix_or_none(first), _prefix_or_none(second), PAD_ID)
+    finished = None
+    if first.finished is not None:
+        finished = _Finished.__new__(_Finished)
+        for name in ("scores", "tokens", "lengths", "counts"):
+            value = -math.inf if name == "scores" else 0
+            setattr(finished, name, _cat_padded(getattr(first.finished, name),
+                                                getattr(second.finished, name), value))
+    return replace(
+        first, tickets=first.tickets + second.tickets,
+        generators=first.generators + second.generators,
+        steps=torch.cat([first.steps, second.steps]), caps=torch.cat([first.caps, second.caps]),
+        prefix=prefix, scores=torch.cat([first.scores, second.scores]),
+        history=_cat_padded(first.history, second.history), finished=finished,
+        prev=torch.cat([first.prev, second.prev]))
+
+
+def _prefix_or_none(state: _Sentences) -> Tensor:
+    """The sentences' prefixes (n, P), or (n, 1) PAD (no prefix) when they have none."""
+    if state.prefix is not None:
+        return state.prefix
+    return torch.full((len(state.tickets), 1), PAD_ID, dtype=torch.long,
+                      device=state.steps.device)

@@ -1,0 +1,137 @@
+"""Step-level batching (``ranmt.continuous``): lines joining a running batch between steps and
+leaving it as they finish get what they get decoded alone.
+
+For every decoder-side attention: lines that join after 0, 2 and 5 steps, with sources
+longer and shorter than those already running, give each the n-best tokens (identical) and
+scores (within 1e-4) of the shrinking search run on that line alone, in greedy and beam
+search; prefixes and ensembles too; sampling with a generator per request draws the same
+samples alone, in company and as :func:`ranmt.sampling.sample`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from ranmt.continuous import ContinuousDecoder, merge_caches
+from ranmt.data.batching import pad_sources
+from ranmt.decode import search
+from ranmt.model import EOS_ID
+from ranmt.sampling import Sampler, sample
+from test_fast_decode import DECODERS, _model, _same
+
+
+def _lines(count: int, seed: int, min_len: int = 2, max_len: int = 12) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (count,), generator=gen).tolist()
+    return [torch.randint(4, 40, (length,), generator=gen).tolist() for length in lengths]
+
+
+def _alone(model, ids, prefix=None, **args):
+    prefix_tensor = None if not prefix else torch.tensor([prefix])
+    return search(model, pad_sources([ids]), prefix=prefix_tensor, **args)[0]
+
+
+def _staggered(decoder: ContinuousDecoder, waves: list[list[list[int]]], gap: int,
+               prefixes: dict | None = None) -> dict:
+    """Add wave w of lines after w * gap steps; step to the end; results by line id."""
+    results, number = {}, 0
+    for wave in waves:
+        for ids in wave:
+            decoder.add(number, ids, (prefixes or {}).get(number))
+            number += 1
+        for _ in range(gap):
+            results.update(dict(decoder.step()))
+    results.update(dict(decoder.run()))
+    return results
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
+def test_joining_lines_get_their_decoding_alone(self_attention, cross):
+    model = _model(self_attention, cross, 0)
+    # A first wave of mid-length lines, then lines longer and shorter than those running.
+    waves = [_lines(3, 1, 5, 8), _lines(2, 2, 10, 14), _lines(3, 3, 1, 3)]
+    flat = [ids for wave in waves for ids in wave]
+    for beam, gap in ((1, 2), (3, 2), (4, 5)):
+        args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
+        decoder = ContinuousDecoder(model, **args)
+        results = _staggered(decoder, waves, gap)
+        assert sorted(results) == list(range(len(flat)))
+        for number, ids in enumerate(flat):
+            _same([results[number]], [_alone(model, ids, **args)], tolerance=1e-4)
+        assert decoder.idle() and decoder.cache is None
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r"])
+def test_joining_with_early_eos_prefixes_and_fairseq_penalty(arch):
+    """Hypotheses ending at many different steps (EOS likelier), forced prefixes on some
+    lines of each wave, a line joining every step."""
+    model, _ = tiny_model(seed=3, **{"model.arch": arch})
+    with torch.no_grad():
+        model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # tied output: EOS likelier
+    waves = [[ids] for ids in _lines(7, 4, 2, 11)]
+    prefixes = {1: [5, 6, 7], 4: [9], 5: [11, 12]}
+    for beam, style in ((1, "gnmt"), (3, "fairseq")):
+        args = dict(beam=beam, lenpen=0.6, lenpen_style=style, max_len_a=1.2, max_len_b=6,
+                    nbest=beam)
+        results = _staggered(ContinuousDecoder(model, **args), waves, 1, prefixes)
+        lengths = set()
+        for number, ids in enumerate(ids for wave in waves for ids in wave):
+            alone = _alone(model, ids, prefixes.get(number), **args)
+            _same([results[number]], [alone], tolerance=1e-4)
+            lengths |= {len(tokens) for tokens, _ in alone}
+        assert len(lengths) > 2
+        assert results[1][0][0][:3] == [5, 6, 7] and results[5][0][0][:2] == [11, 12]
+
+
+def test_ensemble_lines_join_and_leave():
+    from ranmt.ensemble import Ensemble
+
+    ensemble = Ensemble([_model("ran", "dot", 0), _model("dot", "dot", 1)])
+    waves = [_lines(2, 5), _lines(2, 6, 9, 13)]
+    for beam in (1, 3):
+        args = dict(beam=beam, nbest=beam, max_len_b=4)
+        results = _staggered(ContinuousDecoder(ensemble, **args), waves, 3)
+        for number, ids in enumerate(ids for wave in waves for ids in wave):
+            _same([results[number]], [_alone(ensemble, ids, **args)], tolerance=1e-4)
+
+
+def test_sampling_draws_per_request_whatever_the_company():
+    model = _model("ran", "dot", 0)
+    sampler = Sampler("topk", topk=5)
+    lines = _lines(3, 7)
+    # Alone: each sample of a line is a row drawn with the request's generator, as sample().
+    decoder = ContinuousDecoder(model, beam=1, max_len_b=4, pick=sampler.pick)
+    generator = torch.Generator().manual_seed(11)
+    for number, ids in enumerate(lines):
+        for draw in range(2):
+            decoder.add((number, draw), ids, generator=generator)
+    alone = dict(decoder.run())
+    expected = sample(model, pad_sources(lines), sampler, samples=2, seed=11, max_len_b=4)
+    for number in range(len(lines)):
+        _same([[alone[number, 0][0], alone[number, 1][0]]], [expected[number]])
+    # In company: other requests join before and after; the first request's draws stay.
+    decoder = ContinuousDecoder(model, beam=1, max_len_b=4, pick=sampler.pick)
+    decoder.add("other", _lines(1, 8)[0], generator=torch.Generator().manual_seed(1))
+    decoder.step()
+    generator = torch.Generator().manual_seed(11)
+    for number, ids in enumerate(lines):
+        for draw in range(2):
+            decoder.add((number, draw), ids, generator=generator)
+    decoder.add("late", _lines(1, 9)[0], generator=torch.Generator().manual_seed(2))
+    company = dict(decoder.run())
+    for key, hyps in alone.items():
+        _same([company[key]], [hyps])
+
+
+def test_queue_checks_and_cache_merge_errors():
+    model = _model("dot", "dot", 0)
+    decoder = ContinuousDecoder(model, beam=2)
+    with pytest.raises(ValueError, match="empty line"):
+        decoder.add(0, [])
+    with pytest.raises(ValueError, match="generator"):
+        decoder.add(0, [5, 6], generator=torch.Generator())
+    assert decoder.step() == [] and decoder.idle()
+    with pytest.raises(ValueError, match="cannot merge"):
+        merge_caches({"k": torch.zeros(1)}, {"v": torch.zeros(1)})

@@ -113,20 +113,34 @@ def test_bad_input_is_refused_and_the_server_keeps_serving(client, body, status,
     _good(client)
 
 
-def test_a_decoding_error_fails_its_request_only(client, translators, monkeypatch):
-    original = Translator.translate_ids
+@pytest.mark.parametrize("batching", ["step", "batch"])
+def test_a_decoding_error_fails_its_request_only(translators, monkeypatch, batching):
+    """A failing decoding step (step-level batching) or batch (batch-level) answers 500 to
+    the request decoding in it; the server goes on serving."""
+    from ranmt.continuous import ContinuousDecoder
 
-    def broken(self, ids, *args, **kwargs):
+    original_ids, original_step = Translator.translate_ids, ContinuousDecoder.step
+
+    def broken_ids(self, ids, *args, **kwargs):
         if any(len(seq) == 7 for seq in ids):  # the poisoned request below
             raise RuntimeError("simulated kernel failure")
-        return original(self, ids, *args, **kwargs)
+        return original_ids(self, ids, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "translate_ids", broken)
-    response = client.post("/translate", json={"text": ["a b c d e f g"]})
-    assert response.status_code == 500
-    assert "simulated kernel failure" in response.json()["error"]
-    assert _good(client)["translations"][0]["text"] == translators["transf"].translate(
-        ["a b c"])[0]
+    def broken_step(self):
+        if any(len(ids) == 7 for _, ids, _, _ in self.waiting):
+            raise RuntimeError("simulated kernel failure")
+        return original_step(self)
+
+    monkeypatch.setattr(Translator, "translate_ids", broken_ids)
+    monkeypatch.setattr(ContinuousDecoder, "step", broken_step)
+    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=30,
+                         batching=batching)
+    with TestClient(create_app(translators, limits)) as client:
+        response = client.post("/translate", json={"text": ["a b c d e f g"]})
+        assert response.status_code == 500
+        assert "simulated kernel failure" in response.json()["error"]
+        assert _good(client)["translations"][0]["text"] == translators["transf"].translate(
+            ["a b c"])[0]
 
 
 def test_concurrent_requests_are_batched_and_answered_in_order(client, translators):

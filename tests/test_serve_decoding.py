@@ -175,10 +175,10 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
                                                      "tgt": reverse_data / "spm.tgt.model"})
     translator = Translator.load(tmp_path / "beam2", device="cpu")
     beams = []
-    real_search = translator_module.search
-    monkeypatch.setattr(translator_module, "search",
-                        lambda model, src, beam, *a, **k: beams.append(beam)
-                        or real_search(model, src, beam, *a, **k))
+    real_decoder = translator_module.ContinuousDecoder  # the server's step-level batching
+    monkeypatch.setattr(translator_module, "ContinuousDecoder",
+                        lambda model, beam, *a, **k: beams.append(beam)
+                        or real_decoder(model, beam, *a, **k))
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1)
     with TestClient(create_app({"beam2": translator}, limits)) as client:
         default = client.post("/translate", json={"text": LINES}).json()

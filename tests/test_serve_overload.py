@@ -30,19 +30,28 @@ from ranmt.translator import Translator  # noqa: E402
 
 @pytest.fixture()
 def slow_decoding(monkeypatch):
-    """Every batch takes at least 0.3 s: a burst piles up in the queue. Returns an event
-    set when the first batch starts decoding."""
+    """Every batch (batch-level batching) and every decoding step (step-level) takes at
+    least 0.3 s: a burst piles up in the queue. Returns an event set when the first batch
+    or step starts decoding."""
     import threading
 
-    original = Translator.translate_ids
+    from ranmt.continuous import ContinuousDecoder
+
+    original_ids, original_step = Translator.translate_ids, ContinuousDecoder.step
     decoding = threading.Event()
 
-    def slow(self, ids, *args, **kwargs):
+    def slow_ids(self, ids, *args, **kwargs):
         decoding.set()
         time.sleep(0.3)
-        return original(self, ids, *args, **kwargs)
+        return original_ids(self, ids, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "translate_ids", slow)
+    def slow_step(self):
+        decoding.set()
+        time.sleep(0.3)
+        return original_step(self)
+
+    monkeypatch.setattr(Translator, "translate_ids", slow_ids)
+    monkeypatch.setattr(ContinuousDecoder, "step", slow_step)
     return decoding
 
 
@@ -262,9 +271,15 @@ def test_server_limits_are_declared_once(capsys):
                                       "--request-timeout", "2.5"])
     assert ServeLimits.from_args(args) == ServeLimits(max_beam=4, request_timeout_s=2.5)
     for spec in dataclasses.fields(ServeLimits):
-        low = 0 if spec.name == "request_timeout_s" else spec.metadata["low"] - 1
+        if "choices" in spec.metadata:
+            wrong = "sometimes"
+        else:
+            low = 0 if spec.name == "request_timeout_s" else spec.metadata["low"] - 1
+            wrong = low if spec.name != "batch_window_ms" else -1
         with pytest.raises(ValueError, match=spec.metadata["flag"]):
-            ServeLimits(**{spec.name: low if spec.name != "batch_window_ms" else -1})
+            ServeLimits(**{spec.name: wrong})
+    args = build_parser().parse_args(["serve", "--checkpoint", "x", "--batching", "batch"])
+    assert ServeLimits.from_args(args) == ServeLimits(batching="batch")
     with pytest.raises(SystemExit):
         main(["serve", "--checkpoint", "x", "--max-batch-lines", "0"])
     assert "--max-batch-lines (max_batch_lines) must be at least 1, not 0" in \

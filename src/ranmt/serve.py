@@ -44,7 +44,7 @@ from fastapi.staticfiles import StaticFiles
 from ranmt.analysis.maps import attention_maps
 from ranmt.data.batching import pad_sources
 from ranmt.scoring import word_alignment
-from ranmt.serve_batching import Batcher, QueueFullError, Work, wait_for_job
+from ranmt.serve_batching import Batcher, QueueFullError, StepBatcher, Work, wait_for_job
 from ranmt.serve_limits import ServeLimits
 from ranmt.serve_schema import (
     ErrorResponse,
@@ -162,8 +162,9 @@ class _ServedModels:
         """A batcher per model, one warm-up decoding each, then the batching workers."""
         loop = asyncio.get_running_loop()
         for name, translator in self.translators.items():
-            self.batchers[name] = Batcher(translator, self.limits, self.executor,
-                                          self.metrics, name)
+            kind = StepBatcher if self.limits.batching == "step" else Batcher
+            self.batchers[name] = kind(translator, self.limits, self.executor, self.metrics,
+                                       name)
             # One decoding before serving: the first call's one-off costs (weight packing,
             # allocator warm-up) are not paid by the first requests.
             await loop.run_in_executor(self.executor, _warm_up, translator)

@@ -184,42 +184,49 @@ class Batcher:
                 job.future.set_exception(timeout_error())
 
     # ------------------------------------------------------------------ batches
-    def take_batch(self, now: float) -> list[tuple[Job, int]]:
-        """The next batch: (job, line) pairs, lines taken in turns (see the module
-        docstring); the work of all of them is that of the first job in turn."""
-        self._expire(now)
-        if not self.pending:
-            return []
+    def _in_turn(self, kind: str | None = None) -> list[Job]:
+        """The waiting jobs (of ``kind`` of work, or any), starting after the job served
+        last."""
         start = next((i for i, job in enumerate(self.pending)
                       if job.sequence > self.last_served), 0)
         turn = self.pending[start:] + self.pending[:start]
+        return [job for job in turn if kind is None or job.work.kind == kind]
+
+    def take_batch(self, now: float, kind: str | None = None) -> list[tuple[Job, int]]:
+        """The next batch: (job, line) pairs, lines taken in turns (see the module
+        docstring); the work of all of them is that of the first job in turn (of ``kind``
+        of work, when given)."""
+        self._expire(now)
+        turn = self._in_turn(kind)
+        if not turn:
+            return []
         work = turn[0].work
         turn = [job for job in turn if job.work == work]
         batch: list[tuple[Job, int]] = []
         tokens = 0
-        while any(job.taken < len(job.ids) for job in turn):
-            for job in turn:
-                if job.taken == len(job.ids):
-                    continue
-                line = job.order[job.taken]
-                size = len(job.ids[line]) + 1
-                if batch and (tokens + size > self.limits.max_batch_tokens
-                              or len(batch) >= self.limits.max_batch_lines):
-                    return self._took(batch)
-                batch.append((job, line))
-                job.taken += 1
-                job.started = True
-                tokens += size
-                self.queued_tokens -= size
-                self.last_served = job.sequence
-        return self._took(batch)
+        for job, line, size in _rounds(turn):
+            if batch and (tokens + size > self.limits.max_batch_tokens
+                          or len(batch) >= self.limits.max_batch_lines):
+                break
+            batch.append((job, line))
+            self._take(job, size)
+            tokens += size
+        self._took([job for job, _ in batch])
+        return batch
 
-    def _took(self, batch: list[tuple[Job, int]]) -> list[tuple[Job, int]]:
-        for job in {id(job): job for job, _ in batch}.values():
+    def _take(self, job: Job, size: int) -> None:
+        """A line of ``job`` (``size`` source tokens) leaves the queue for decoding."""
+        job.taken += 1
+        job.started = True
+        self.queued_tokens -= size
+        self.last_served = job.sequence
+
+    def _took(self, jobs: list[Job]) -> None:
+        """Jobs all of whose lines are taken leave the queue."""
+        for job in {id(job): job for job in jobs}.values():
             if job.taken == len(job.ids):
                 self._leave_queue(job)
         self._gauges()
-        return batch
 
     async def _wait_for_work(self, loop) -> None:
         """Until a job waits; then let the batch window collect more (from the oldest
@@ -286,6 +293,159 @@ class Batcher:
                 self._leave_queue(job)
             if not job.future.done():
                 job.future.set_exception(err)
+
+
+class StepBatcher(Batcher):
+    """The queue of :class:`Batcher` with step-level batching of translations
+    (:mod:`ranmt.continuous`): between two decoding steps, waiting lines are admitted in
+    turns (one line of each job per round, as batches are formed) into free rows, up to
+    ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens decoding (a line alone
+    is always admitted), and every line is answered the step it finishes. A new request
+    starts decoding within a step, whatever is decoding. One decoder per kind of work
+    (decoding options); each takes one step in turn. Scoring stays batch-level: a score
+    batch runs between two steps.
+
+    A job is started (no longer dropped at its deadline or when its client leaves) once a
+    line of it is admitted, as a job in a batch; a failed step fails the jobs with lines in
+    that decoder (their other lines are not decoded)."""
+
+    def __init__(self, translator, limits, executor: concurrent.futures.Executor,
+                 metrics=None, name: str = "model"):
+        super().__init__(translator, limits, executor, metrics, name)
+        self.decoders: dict[Work, Any] = {}  # Work -> (ContinuousDecoder, DecodeConfig)
+        self.inside: dict[Work, dict[tuple[int, int], tuple[Job, int]]] = {}
+        """Per decoder, the lines decoding in it: (id(job), line) -> (job, source tokens)."""
+        self.draws: dict[tuple[int, int], list] = {}  # sampling: a line's samples so far
+        self.decoding_lines = 0
+        self.decoding_tokens = 0
+        self.steps = 0
+        self._rate_start = time.perf_counter()
+        self._rate_tokens = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.decoders:
+                await self._wait_for_work(loop)
+            self._expire(loop.time())
+            self._admit()
+            batch = self.take_batch(loop.time(), kind="score")
+            if batch:
+                await self._decode(loop, batch)
+            for work in list(self.decoders):
+                await self._step(loop, work)
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self) -> None:
+        """Lines of the waiting translation jobs into their decoders, in turns, while
+        there is room."""
+        turn = self._in_turn("translate")
+        limits = self.limits
+        for job, line, size in _rounds(turn):
+            if self.decoding_lines and (self.decoding_lines >= limits.max_batch_lines or
+                                        self.decoding_tokens + size > limits.max_batch_tokens):
+                break
+            self._take(job, size)
+            self._place(job, line, size)
+        self._took(turn)
+
+    def _place(self, job: Job, line: int, size: int) -> None:
+        ids = job.ids[line]
+        if not ids:  # an empty line has an empty translation; the model is not run
+            self._answer(job, line, [([], 0.0)])
+            return
+        from ranmt.translator import line_generator
+
+        decoder, settings = self._decoder(job.work)
+        prefix = job.extras[line] if job.extras is not None else None
+        if settings.sampling != "none":
+            generator = line_generator(settings.seed, line, self.translator.device)
+            self.draws[id(job), line] = [None] * settings.nbest
+            for draw in range(settings.nbest):
+                decoder.add((job, line, draw), ids, prefix, generator)
+        else:
+            decoder.add((job, line, 0), ids, prefix)
+        self.inside[job.work][id(job), line] = (job, size)
+        self.decoding_lines += 1
+        self.decoding_tokens += size
+
+    def _decoder(self, work: Work):
+        if work not in self.decoders:
+            self.decoders[work] = self.translator.continuous_decoder(**dict(work.options))
+            self.inside[work] = {}
+        return self.decoders[work]
+
+    # ------------------------------------------------------------------ steps
+    async def _step(self, loop, work: Work) -> None:
+        """One decoding step of ``work``'s decoder; its finished lines answered."""
+        decoder, _ = self.decoders[work]
+        try:
+            done = await loop.run_in_executor(self.executor, decoder.step)
+        except Exception as err:  # noqa: BLE001 (reported to the requests decoding in it)
+            self._fail_decoder(work, err)
+            return
+        self.steps += 1
+        if self.metrics is not None:
+            self.metrics.batch_sentences.labels(self.name).observe(decoder.decoding + len(done))
+        for (job, line, draw), hyps in done:
+            if (id(job), line) in self.draws:  # sampling: each draw is one added line
+                draws = self.draws[id(job), line]
+                draws[draw] = hyps[0]
+                if any(hyp is None for hyp in draws):
+                    continue
+                hyps = self.draws.pop((id(job), line))
+            self._line_done(work, job, line, hyps)
+        if decoder.idle():
+            del self.decoders[work], self.inside[work]
+
+    def _line_done(self, work: Work, job: Job, line: int, hyps: list) -> None:
+        _, size = self.inside[work].pop((id(job), line))
+        self.decoding_lines -= 1
+        self.decoding_tokens -= size
+        self._rate(size)
+        if self.metrics is not None:
+            self.metrics.decoded_tokens.labels(self.name).inc(len(hyps[0][0]) + 1)
+        self._answer(job, line, hyps)
+
+    def _answer(self, job: Job, line: int, hyps: list) -> None:
+        job.results[line] = hyps
+        job.answered += 1
+        if job.answered == len(job.ids):
+            self.requests += 1
+            if not job.future.done():
+                job.future.set_result(job.results)
+
+    def _rate(self, tokens: int) -> None:
+        """Source tokens decoded per second (for Retry-After), over spans of >= 1 s."""
+        self._rate_tokens += tokens
+        elapsed = time.perf_counter() - self._rate_start
+        if elapsed >= 1.0:
+            rate = self._rate_tokens / elapsed
+            self.tokens_per_s = rate if not self.tokens_per_s else \
+                0.7 * self.tokens_per_s + 0.3 * rate
+            self._rate_start, self._rate_tokens = time.perf_counter(), 0
+
+    def _fail_decoder(self, work: Work, err: Exception) -> None:
+        """A step failed: the jobs decoding in it get the error (their other lines are not
+        decoded) and the decoder is dropped."""
+        inside = self.inside.pop(work)
+        del self.decoders[work]
+        self.decoding_lines -= len(inside)
+        self.decoding_tokens -= sum(size for _, size in inside.values())
+        for key in inside:
+            self.draws.pop(key, None)
+        self._fail([(job, line) for (_, line), (job, _) in inside.items()], err)
+
+
+def _rounds(turn: list[Job]):
+    """The untaken lines of ``turn``'s jobs in rounds: one line of each job per round, each
+    job's shortest first: (job, line, source tokens). The caller takes each line it is
+    given (or stops)."""
+    while any(job.taken < len(job.ids) for job in turn):
+        for job in turn:
+            if job.taken < len(job.ids):
+                line = job.order[job.taken]
+                yield job, line, len(job.ids[line]) + 1
 
 
 async def wait_for_job(batcher: Batcher, job: Job, is_disconnected, poll_s: float = 0.05):

@@ -18,6 +18,12 @@ def _limit(default, flag: str, help: str | None = None, low: float = 1, above: b
                                             "above": above, "metavar": metavar})
 
 
+def _choice(default: str, flag: str, choices: tuple[str, ...], help: str):
+    """A field of :class:`ServeLimits` that takes one of ``choices``."""
+    return field(default=default, metadata={"flag": flag, "help": help, "choices": choices,
+                                            "metavar": None})
+
+
 @dataclass
 class ServeLimits:
     """What one request may ask for, and how requests are batched: the one declaration of
@@ -53,8 +59,24 @@ class ServeLimits:
     """A request whose batch has not started this long after it arrived is dropped (504);
     a request may ask for less with ``timeout_s``."""
 
+    batching: str = _choice(
+        "step", "--batching", ("step", "batch"),
+        "step: lines join the decoding batch between two steps and leave it when they "
+        "finish (a new request starts within a step); batch: batches are formed whole and "
+        "decoded to their end (default step)")
+    """How translations are batched: ``step`` (step-level batching, :mod:`ranmt.continuous`:
+    a request that arrives while others decode starts at the next step) or ``batch`` (a
+    batch is formed from the waiting requests and decoded to its end before the next one
+    is formed). Scoring is always batch-level."""
+
     def __post_init__(self):
         for spec in fields(self):
+            if "choices" in spec.metadata:
+                if getattr(self, spec.name) not in spec.metadata["choices"]:
+                    raise ValueError(f"{spec.metadata['flag']} ({spec.name}) must be one of "
+                                     f"{', '.join(spec.metadata['choices'])}, not "
+                                     f"{getattr(self, spec.name)!r}")
+                continue
             value, low, above = (getattr(self, spec.name), spec.metadata["low"],
                                  spec.metadata["above"])
             if value <= low if above else value < low:
@@ -75,6 +97,8 @@ def add_limit_options(parser) -> None:
         meta = spec.metadata
         options = {"type": int if spec.type in (int, "int") else float,
                    "default": spec.default, "dest": spec.name}
+        if "choices" in meta:
+            options.update(type=str, choices=meta["choices"])
         if meta["help"]:
             options["help"] = meta["help"]
         if meta["metavar"]:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ranmt.checkpoint import load_checkpoint
 from ranmt.config import DecodeConfig, decode_with
+from ranmt.continuous import ContinuousDecoder
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
 from ranmt.decode import search
@@ -191,6 +192,20 @@ class Translator:
         return search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
                       d.max_len_b, d.nbest, prefix=prefix)
 
+    def continuous_decoder(self, **decode_overrides) -> tuple[ContinuousDecoder, DecodeConfig]:
+        """A step-level batching decoder (:mod:`ranmt.continuous`) with this model's
+        decoding settings and ``decode_overrides``, and those settings. With sampling it
+        draws one sample per added line (add a line ``nbest`` times, each with the
+        generator of :func:`line_generator`)."""
+        d = decode_with(self.decode_config, **decode_overrides)
+        self.model.eval()
+        if d.sampling != "none":
+            sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
+            return ContinuousDecoder(self.model, 1, max_len_a=d.max_len_a,
+                                     max_len_b=d.max_len_b, pick=sampler.pick), d
+        return ContinuousDecoder(self.model, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
+                                 d.max_len_b, d.nbest), d
+
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         """Raw sentences -> source subword ids (an empty or blank line -> [])."""
         stripped = [s.strip() for s in sentences]
@@ -287,6 +302,14 @@ class Translator:
         return self._pairs_in_batches(
             sources, targets,
             lambda src, tgt: score_targets(self.model, src, tgt, d.lenpen, d.lenpen_style))
+
+
+def line_generator(seed: int, line: int, device: torch.device) -> torch.Generator:
+    """The sampling generator of line ``line`` of a request with ``seed`` under step-level
+    batching: its own, so that its samples depend on the seed and the line only, not on the
+    requests decoded beside it."""
+    mixed = (seed + (line + 1) * 0x9E3779B97F4A7C15) % (2 ** 63)
+    return torch.Generator(device=device).manual_seed(mixed)
 
 
 def _pad_prefixes(prefixes: list[list[int]]) -> torch.Tensor:

@@ -6,8 +6,10 @@ checkpoint, then ``--clients`` threads each send ``--requests`` requests of one 
 (distinct sentences of ``--split``, cycled) and check every answer against the translation
 the Python API gives for that sentence (same model, same beam). Modes:
 
-* ``dynamic``: the server's default batching (requests arriving within
-  ``--batch-window-ms`` decode as one batch);
+* ``dynamic``: the server's default batching (step-level: a request joins the decoding
+  batch at the next step);
+* ``batch-level``: ``--batching batch`` (requests arriving within ``--batch-window-ms``
+  decode as one batch, decoded to its end);
 * ``one-at-a-time``: ``--batch-window-ms 0 --max-batch-tokens 1``, every request its own
   batch.
 
@@ -16,6 +18,16 @@ and mismatched responses, batches formed, and the throughput ratio dynamic / one
 
     python benchmarks/serve_load.py --checkpoint RUN --data DATA --split test_2016_flickr \\
         --clients 16 --requests 50
+
+``--scenario burst`` compares step- and batch-level batching (``--batching``) under the
+burst of issue 46: ``--burst-requests`` (60) requests of ``--burst-lines`` lines at beam
+``--burst-beam`` at once, a one-line request 0.5 s later (its latency against its latency on
+the idle server), ``/health`` every 50 ms meanwhile (p50/p99), refusals (p50/p99), burst
+throughput (accepted lines / seconds to the last accepted answer), peak memory, and every
+accepted line checked against the Python API.
+
+    python benchmarks/serve_load.py --scenario burst --checkpoint RUN --data DATA \
+        --burst-lines 64 --burst-beam 16
 
 ``--scenario overload`` instead runs two bursts against one server started with
 ``--max-queued-tokens Q`` (``--queue-tokens``), each request ``--burst-lines`` lines at beam
@@ -46,7 +58,8 @@ from ranmt.data.corpus import raw_text
 from ranmt.serve_launcher import launch_server
 from ranmt.translator import Translator
 
-MODES = {"dynamic": [], "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}
+MODES = {"dynamic": [], "batch-level": ["--batching", "batch"],
+         "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}
 
 
 def _post(url: str, payload: dict, timeout: float = 120) -> dict:
@@ -236,6 +249,91 @@ def run_overload(args, sentences: list[str], translator) -> dict:
     return {"fairness": fairness, "overload": overload}
 
 
+def _health_probe(base: str, stop: threading.Event, period_s: float = 0.05) -> list[float]:
+    """``GET /health`` every ``period_s`` until ``stop``: each answer's seconds."""
+    seconds = []
+    while not stop.is_set():
+        start = time.perf_counter()
+        urllib.request.urlopen(f"{base}/health", timeout=60).read()
+        seconds.append(time.perf_counter() - start)
+        time.sleep(period_s)
+    return seconds
+
+
+def run_burst(args, sentences: list[str], translator, batching: str) -> dict:
+    """``--scenario burst`` against a server with ``--batching batching``: the one-line
+    request's latency on the idle server, then ``--burst-requests`` requests of
+    ``--burst-lines`` lines at beam ``--burst-beam`` at once and the one-line request 0.5 s
+    later, with ``/health`` asked every 50 ms meanwhile."""
+    server, base = launch_server(["--checkpoint", args.checkpoint, "--device", "cpu",
+                                  "--max-lines", str(args.burst_lines), "--max-beam", "16",
+                                  "--max-queued-tokens", str(args.queue_tokens),
+                                  "--batching", batching], wait_s=60, env=_server_env(args))
+    lines = args.burst_lines
+    chunks = [sentences[i: i + lines] for i in range(0, len(sentences) - lines + 1, lines)]
+    heavy = [chunks[i % len(chunks)] for i in range(args.burst_requests)]
+    small = {"text": [sentences[-1]], "beam": args.burst_beam}
+    try:
+        idle = [_timed_post(f"{base}/translate", small)[1] for _ in range(5)]
+        stop = threading.Event()
+        with ThreadPoolExecutor(1) as prober:
+            health = prober.submit(_health_probe, base, stop)
+
+            def small_request(url: str):
+                time.sleep(0.5)
+                return _timed_post(f"{url}/translate", small)
+
+            start = time.perf_counter()
+            burst = _burst(base, heavy, args.burst_beam, server.pid, small_request)
+            stop.set()
+            health_s = health.result()
+    finally:
+        server.terminate()
+        server.wait(60)
+    answers = burst["answers"]
+    accepted = [(chunk, body, seconds) for chunk, (status, seconds, body)
+                in zip(heavy, answers) if status == 200]
+    refused = [seconds for status, seconds, _ in answers if status == 503]
+    last = max((seconds for _, _, seconds in accepted), default=float("nan"))
+    expected = translator.translate([line for chunk, _, _ in accepted for line in chunk])
+    got = [entry["text"] for _, body, _ in accepted for entry in body["translations"]]
+    idle_s = statistics.median(idle)
+    small_status, small_s, _ = burst["extra"]
+    return {"batching": batching, "small_idle_s": idle_s, "small_status": small_status,
+            "small_latency_s": small_s, "small_over_idle": small_s / idle_s,
+            "requests": len(heavy), "accepted": len(accepted), "refused": len(refused),
+            "other_statuses": [s for s, _, _ in answers if s not in (200, 503)],
+            "refusal_p50_ms": 1000 * _percentile(refused, 0.5),
+            "refusal_p99_ms": 1000 * _percentile(refused, 0.99),
+            "health_probes": len(health_s),
+            "health_p50_ms": 1000 * _percentile(health_s, 0.5),
+            "health_p99_ms": 1000 * _percentile(health_s, 0.99),
+            "burst_seconds": last, "burst_lines_per_s": len(got) / last,
+            "accepted_lines": len(got),
+            "accepted_lines_mismatched": sum(a != b for a, b in zip(got, expected)),
+            "rss_mb_peak": burst["peak_rss_mb"], "wall_s": time.perf_counter() - start}
+
+
+def _print_burst(args, results: dict) -> None:
+    print(f"{args.burst_requests} requests x {args.burst_lines} lines at beam "
+          f"{args.burst_beam} at once, a one-line request 0.5 s later, /health every 50 ms; "
+          f"queue limit {args.queue_tokens} source tokens, loopback")
+    print("| batching | 1-line idle s | 1-line in burst s | x idle | 503 p50 / p99 ms | "
+          "/health p50 / p99 ms | accepted | burst lines/s | mismatched | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results.values():
+        print(f"| {r['batching']} | {r['small_idle_s']:.2f} | {r['small_latency_s']:.2f} | "
+              f"{r['small_over_idle']:.1f} | {r['refusal_p50_ms']:.0f} / "
+              f"{r['refusal_p99_ms']:.0f} | {r['health_p50_ms']:.0f} / "
+              f"{r['health_p99_ms']:.0f} | {r['accepted']} of {r['requests']} | "
+              f"{r['burst_lines_per_s']:.1f} | {r['accepted_lines_mismatched']} of "
+              f"{r['accepted_lines']} | {r['rss_mb_peak']:.0f} |")
+    if len(results) == 2:
+        step, batch = results["step"], results["batch"]
+        print(f"step / batch burst throughput: "
+              f"{step['burst_lines_per_s'] / batch['burst_lines_per_s']:.2f}x")
+
+
 def _print_overload(args, results: dict) -> None:
     fair, over = results["fairness"], results["overload"]
     print(f"queue limit {args.queue_tokens} source tokens; requests of {args.burst_lines} "
@@ -265,9 +363,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=50, help="requests per client")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--scenario", default="clients", choices=["clients", "overload"],
+    p.add_argument("--scenario", default="clients", choices=["clients", "overload", "burst"],
                    help="clients: many one-line clients, dynamic vs one at a time; overload: "
-                        "the fairness and 4x-the-queue bursts")
+                        "the fairness and 4x-the-queue bursts; burst: a burst and a one-line "
+                        "request behind it, step- against batch-level batching")
+    p.add_argument("--burst-requests", type=int, default=60,
+                   help="burst: requests sent at once")
+    p.add_argument("--batching", nargs="+", default=["step", "batch"],
+                   choices=["step", "batch"], help="burst: the servers' --batching to compare")
     p.add_argument("--queue-tokens", type=int, default=32000,
                    help="overload: the server's --max-queued-tokens")
     p.add_argument("--burst-lines", type=int, default=32, help="overload: lines per request")
@@ -276,6 +379,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="run the server from this src/ folder (another checkout, for "
                         "before/after measurements)")
     args = p.parse_args(argv)
+    if args.scenario == "burst":
+        translator = Translator.load(args.checkpoint, device="cpu", beam=args.burst_beam)
+        sentences = raw_text(args.data, args.split, "src")
+        results = {mode: run_burst(args, sentences, translator, mode) for mode in args.batching}
+        _print_burst(args, results)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+        return
     if args.scenario == "overload":
         translator = Translator.load(args.checkpoint, device="cpu", beam=args.burst_beam)
         results = run_overload(args, raw_text(args.data, args.split, "src"), translator)
@@ -299,8 +410,11 @@ def main(argv: list[str] | None = None) -> None:
         r = results[mode]
         print(f"| {mode} | {r['requests_per_s']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
               f"{r['batches']} | {r['lost']} | {r['mismatched']} |")
+    results["throughput_ratio_dynamic_over_batch_level"] = (
+        results["dynamic"]["requests_per_s"] / results["batch-level"]["requests_per_s"])
     print(f"dynamic / one-at-a-time throughput: "
-          f"{results['throughput_ratio_dynamic_over_one_at_a_time']:.2f}x")
+          f"{results['throughput_ratio_dynamic_over_one_at_a_time']:.2f}x; dynamic (step-level "
+          f"batching) / batch-level: {results['throughput_ratio_dynamic_over_batch_level']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
 

@@ -495,9 +495,14 @@ def _constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | No
         logprobs[:, EOS_ID].masked_fill_(step.lt(fixed_length), float("-inf"))
     elif not per_row:
         _suppress_early_eos(logprobs, step, fixed_length)
-    eos = logprobs[:, EOS_ID].clone()  # rows at their limit keep EOS only, at its own value
-    logprobs.masked_fill_(caps.le(step)[:, None], float("-inf"))
-    logprobs[:, EOS_ID] = eos
+    if per_row:  # step-level batching (a CPU search): only the rows at their limit, found
+        at_limit = caps.le(step).nonzero()[:, 0]  # on the host, are rewritten
+        if at_limit.numel():
+            logprobs[at_limit] = _only_eos(logprobs[at_limit])
+    else:
+        eos = logprobs[:, EOS_ID].clone()  # rows at their limit keep EOS only, at its value
+        logprobs.masked_fill_(caps.le(step)[:, None], float("-inf"))
+        logprobs[:, EOS_ID] = eos
     if prefix is None:
         return
     if per_row:  # PAD where a row's prefix has ended

@@ -23,6 +23,7 @@ and one worker forms batches from them:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import time
@@ -297,10 +298,11 @@ class Batcher:
 
 class StepBatcher(Batcher):
     """The queue of :class:`Batcher` with step-level batching of translations
-    (:mod:`ranmt.continuous`): between two decoding steps, waiting lines are admitted in
-    turns (one line of each job per round, as batches are formed) into free rows, up to
+    (:mod:`ranmt.continuous`): between two decoding steps, waiting lines are admitted into
+    free rows, up to
     ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens decoding (a line alone
-    is always admitted), and every line is answered the step it finishes. A new request
+    is always admitted), each free row to the job with the fewest lines decoding, and every
+    line is answered the step it finishes. A new request
     starts decoding within a step, whatever is decoding. One decoder per kind of work
     (decoding options); each takes one step in turn. Scoring stays batch-level: a score
     batch runs between two steps.
@@ -337,16 +339,27 @@ class StepBatcher(Batcher):
 
     # ------------------------------------------------------------------ admission
     def _admit(self) -> None:
-        """Lines of the waiting translation jobs into their decoders, in turns, while
-        there is room."""
+        """Lines of the waiting translation jobs into their decoders while there is room:
+        each free row goes to the job with the fewest lines decoding now (the first in turn
+        among equals), so a request that arrives behind a burst starts at the next step,
+        and no job waits while another with more lines decoding is served."""
         turn = self._in_turn("translate")
+        decoding = collections.Counter(id(job) for inside in self.inside.values()
+                                       for job, _ in inside.values())
         limits = self.limits
-        for job, line, size in _rounds(turn):
+        while True:
+            waiting = [job for job in turn if job.taken < len(job.ids)]
+            if not waiting:
+                break
+            job = min(waiting, key=lambda candidate: decoding[id(candidate)])
+            line = job.order[job.taken]
+            size = len(job.ids[line]) + 1
             if self.decoding_lines and (self.decoding_lines >= limits.max_batch_lines or
                                         self.decoding_tokens + size > limits.max_batch_tokens):
                 break
             self._take(job, size)
             self._place(job, line, size)
+            decoding[id(job)] += 1
         self._took(turn)
 
     def _place(self, job: Job, line: int, size: int) -> None:

@@ -192,13 +192,14 @@ def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
 
 def _append_at_positions(cache: dict, name: str, step_values: Tensor) -> Tensor:
     """Per-row positions (step-level batching): write row r's ``step_values`` (B, H, 1, d)
-    at slot ``cache["positions"][r]`` of the history (B, H, L, d), grown (zeros, doubled)
-    when the span passes L; returns slots ``:span`` (B, H, span, d)."""
+    at slot ``cache["positions"][r]`` of the history (B, H, L, d), grown by 8 slots (zeros)
+    when the span passes L: every reorder and join of the batch copies the whole history,
+    so it is kept close to the span; returns slots ``:span`` (B, H, span, d)."""
     positions, span = cache["positions"], cache["span"]
     batch, heads, _, dim = step_values.shape
     current = cache.get(name)
     if current is None or current.shape[2] < span:
-        length = max(span, 16 if current is None else 2 * current.shape[2])
+        length = span + 8
         grown = step_values.new_zeros(batch, heads, length, dim)
         if current is not None:
             grown[:, :, : current.shape[2]] = current

@@ -146,7 +146,7 @@ class LearnedMatrixAttention(Attention):
         positions, span = cache["positions"], cache["span"]
         self._check_length(span)
         values = append_values(cache, values)  # (B, H, span, d_h)
-        probs = self.inference_causal_probs()[:, positions, :span]  # (H, B, span)
+        probs = self.inference_causal_probs()[:, :, :span].index_select(1, positions)  # (H,B,span)
         probs = probs.transpose(0, 1)[:, :, None].to(values.dtype)  # (B, H, 1, span)
         context = probs @ values  # (B, H, 1, d_h)
         return AttnOutput(self.out_proj(merge_heads(context)), probs if need_weights else None,

@@ -134,7 +134,7 @@ def test_a_decoding_error_fails_its_request_only(translators, monkeypatch, batch
     monkeypatch.setattr(Translator, "translate_ids", broken_ids)
     monkeypatch.setattr(ContinuousDecoder, "step", broken_step)
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=30,
-                         batching=batching)
+                         batching=batching, workers="thread")  # the patch is in this process
     with TestClient(create_app(translators, limits)) as client:
         response = client.post("/translate", json={"text": ["a b c d e f g"]})
         assert response.status_code == 500

@@ -179,7 +179,8 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
     monkeypatch.setattr(translator_module, "ContinuousDecoder",
                         lambda model, beam, *a, **k: beams.append(beam)
                         or real_decoder(model, beam, *a, **k))
-    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1)
+    limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1,
+                         workers="thread")  # the spy is in this process
     with TestClient(create_app({"beam2": translator}, limits)) as client:
         default = client.post("/translate", json={"text": LINES}).json()
         assert beams and set(beams) == {2}

@@ -61,7 +61,7 @@ def _metric(client, name: str, **labels) -> float:
 
 def test_a_full_queue_answers_503_with_retry_after_and_serves_again(translators,
                                                                     slow_decoding):
-    limits = ServeLimits(batch_window_ms=1, max_queued_tokens=12)
+    limits = ServeLimits(batch_window_ms=1, max_queued_tokens=12, workers="thread")
     expected = translators["transf"].translate(["a b c"])[0]
     with TestClient(create_app(translators, limits)) as client:
         def ask(_):
@@ -87,7 +87,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_serves_again(translators,
 
 def test_a_request_whose_batch_has_not_started_by_its_deadline_gets_504(translators,
                                                                          slow_decoding):
-    limits = ServeLimits(batch_window_ms=1, request_timeout_s=5)
+    limits = ServeLimits(batch_window_ms=1, request_timeout_s=5, workers="thread")
     with TestClient(create_app(translators, limits)) as client, ThreadPoolExecutor(2) as pool:
         first = pool.submit(client.post, "/translate", json={"text": ["a b c"]})
         assert slow_decoding.wait(30)  # the first batch is decoding (for 0.3 s)

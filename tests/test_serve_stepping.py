@@ -42,7 +42,8 @@ def test_a_request_arriving_mid_decoding_joins_at_the_next_step(reverse_run):
 
     async def scenario():
         executor = concurrent.futures.ThreadPoolExecutor(1)
-        batcher = StepBatcher(translator, ServeLimits(batch_window_ms=1), executor)
+        limits = ServeLimits(batch_window_ms=1, workers="thread")  # counts every step
+        batcher = StepBatcher(translator, limits, executor)
         worker = asyncio.create_task(batcher.run())
         long_job = batcher.submit(long_lines, work, timeout_s=60)
         long_job.future.add_done_callback(lambda _: finished_at.setdefault("long", batcher.steps))
@@ -81,7 +82,7 @@ def test_health_is_answered_while_a_long_decoding_runs(translators, monkeypatch)
         return original(self)
 
     monkeypatch.setattr(ContinuousDecoder, "step", slow_step)
-    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1)
+    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="thread")
     with TestClient(create_app(translators, limits)) as client, \
             concurrent.futures.ThreadPoolExecutor(1) as pool:
         busy = pool.submit(client.post, "/translate", json={"text": ["a b c d e f"] * 4})
@@ -112,3 +113,48 @@ def test_sampling_per_line_is_independent_of_company(translators):
     assert alone == company
     texts = [hyp["text"] for entry in alone["translations"] for hyp in entry["nbest"]]
     assert len(texts) == 6
+
+
+def test_a_killed_decoding_worker_is_restarted_and_its_requests_get_500(translators):
+    """With decoding in a worker process: while the worker is frozen (SIGSTOP: as busy as a
+    worker can be) /health, /metrics, /ready and a refusal answer at once; killed with a
+    request in it, that request gets 500, a new worker is started, and the request that
+    waited in the queue meanwhile is translated as the Python API does."""
+    import os
+    import signal
+
+    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
+                         max_batch_lines=1, max_queued_tokens=4)
+    expected = translators["transf"].translate(["d e f"])[0]
+    with TestClient(create_app(translators, limits)) as client, \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        engine = client.app.state.served.batchers["transf"].engine
+        first_pid = engine.process.pid
+        os.kill(first_pid, signal.SIGSTOP)
+        held = pool.submit(client.post, "/translate", json={"text": ["a b c"]})
+        _until(lambda: engine.held)  # its line was sent to the frozen worker
+        queued = pool.submit(client.post, "/translate", json={"text": ["d e f"]})
+        batcher = client.app.state.served.batchers["transf"]
+        _until(lambda: batcher.queued_tokens >= 4)  # waits: one line decodes at a time
+        for path in ("/health", "/metrics", "/ready"):
+            start = time.perf_counter()
+            assert client.get(path).status_code == 200
+            assert time.perf_counter() - start < 1.0, path
+        start = time.perf_counter()
+        refused = client.post("/translate", json={"text": ["g h"]})
+        assert refused.status_code == 503 and time.perf_counter() - start < 1.0
+        os.kill(first_pid, signal.SIGKILL)
+        answer = held.result(timeout=60)
+        assert answer.status_code == 500 and "exited" in answer.json()["error"]
+        waited = queued.result(timeout=60)
+        assert waited.status_code == 200
+        assert waited.json()["translations"][0]["text"] == expected
+        assert engine.restarts == 1 and engine.process.pid != first_pid
+        assert client.get("/ready").status_code == 200
+
+
+def _until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

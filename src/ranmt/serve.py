@@ -168,15 +168,23 @@ class _ServedModels:
             # One decoding before serving: the first call's one-off costs (weight packing,
             # allocator warm-up) are not paid by the first requests.
             await loop.run_in_executor(self.executor, _warm_up, translator)
+            if isinstance(self.batchers[name], StepBatcher):
+                await self.batchers[name].start()  # its decoding worker, when a process
         self.workers.extend(asyncio.create_task(b.run()) for b in self.batchers.values())
 
     def stop(self) -> None:
         for worker in self.workers:
             worker.cancel()
+        for batcher in self.batchers.values():
+            if isinstance(batcher, StepBatcher):
+                batcher.stop()
         self.executor.shutdown(wait=True)
 
     def running(self) -> bool:
-        return bool(self.workers) and all(not worker.done() for worker in self.workers)
+        """Every model's queue runs and its decoding worker (if any) is ready."""
+        return bool(self.workers) and all(not worker.done() for worker in self.workers) and \
+            all(getattr(b, "engine", None) is None or b.engine.ready
+                for b in self.batchers.values())
 
     def pick(self, requested: str | None) -> tuple[str, Translator]:
         """The model asked for; 404 if unknown, 503 at once if its queue is full."""
@@ -238,6 +246,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
                               "Every refused request gets {\"error\": \"...\"}.")
     _document_bodies(app, {"/translate": ("TranslateRequest", translate_model(served.limits)),
                            "/score": ("ScoreRequest", score_model(served.limits))})
+    app.state.served = served  # the models, their queues and workers (for introspection)
     _add_refusals_and_metrics(app, served.metrics, api_key)
     _add_status_endpoints(app, served)
     _add_work_endpoints(app, served)

@@ -298,54 +298,72 @@ class Batcher:
 
 class StepBatcher(Batcher):
     """The queue of :class:`Batcher` with step-level batching of translations
-    (:mod:`ranmt.continuous`): between two decoding steps, waiting lines are admitted into
-    free rows, up to
-    ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens decoding (a line alone
-    is always admitted), each free row to the job with the fewest lines decoding, and every
-    line is answered the step it finishes. A new request
-    starts decoding within a step, whatever is decoding. One decoder per kind of work
-    (decoding options); each takes one step in turn. Scoring stays batch-level: a score
-    batch runs between two steps.
+    (:mod:`ranmt.continuous`): waiting lines are admitted into the decoding batch between
+    two steps, up to ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens
+    decoding (a line alone is always admitted), each free row to the job with the fewest
+    lines decoding now (the first in turn among equals): a request that arrives behind a
+    burst starts at the next step, and no job waits while one with more lines decoding is
+    served. Every line is answered the step it finishes. Scoring stays batch-level: a score
+    batch runs in the server's decoding thread.
 
-    A job is started (no longer dropped at its deadline or when its client leaves) once a
-    line of it is admitted, as a job in a batch; a failed step fails the jobs with lines in
-    that decoder (their other lines are not decoded)."""
+    Decoding runs in a worker process of the model (``limits.workers == "process"``, when
+    the translator was loaded from a checkpoint) or in the decoding thread
+    (:mod:`ranmt.serve_worker`). A job is started (no longer dropped at its deadline or
+    when its client leaves) once a line of it is admitted; a failed step, or a worker that
+    died, fails the jobs with lines decoding there (their other lines are not decoded)."""
 
     def __init__(self, translator, limits, executor: concurrent.futures.Executor,
                  metrics=None, name: str = "model"):
+        from ranmt.serve_worker import ProcessDecoding, ThreadDecoding
+
         super().__init__(translator, limits, executor, metrics, name)
-        self.decoders: dict[Work, Any] = {}  # Work -> (ContinuousDecoder, DecodeConfig)
-        self.inside: dict[Work, dict[tuple[int, int], tuple[Job, int]]] = {}
-        """Per decoder, the lines decoding in it: (id(job), line) -> (job, source tokens)."""
-        self.draws: dict[tuple[int, int], list] = {}  # sampling: a line's samples so far
-        self.decoding_lines = 0
-        self.decoding_tokens = 0
+        if limits.workers == "process" and translator.load_options is not None:
+            self.engine = ProcessDecoding(translator.load_options, name, self._line_done,
+                                          self._lines_failed, self._stepped)
+        else:
+            self.engine = ThreadDecoding(translator, executor, self._line_done,
+                                         self._lines_failed, self._stepped)
         self.steps = 0
+        self.inside: dict[int, tuple[Job, int, int]] = {}
+        """The lines decoding: key -> (job, line, source tokens)."""
+        self._keys = itertools.count()
+        self.decoding_tokens = 0
         self._rate_start = time.perf_counter()
         self._rate_tokens = 0
+
+    @property
+    def decoding_lines(self) -> int:
+        return len(self.inside)
+
+    async def start(self) -> None:
+        """Start the decoding worker (load the model there) before serving."""
+        await self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self.decoders:
+            if not self.engine.ready:
+                await self.engine.wait_ready()
+            if not self.inside:
                 await self._wait_for_work(loop)
+            self._arrival.clear()  # what arrives from here on wakes the wait below
             self._expire(loop.time())
             self._admit()
             batch = self.take_batch(loop.time(), kind="score")
             if batch:
                 await self._decode(loop, batch)
-            for work in list(self.decoders):
-                await self._step(loop, work)
+            if self.inside:
+                await self.engine.advance(self._arrival)
 
     # ------------------------------------------------------------------ admission
     def _admit(self) -> None:
-        """Lines of the waiting translation jobs into their decoders while there is room:
-        each free row goes to the job with the fewest lines decoding now (the first in turn
-        among equals), so a request that arrives behind a burst starts at the next step,
-        and no job waits while another with more lines decoding is served."""
+        """Lines of the waiting translation jobs into the decoding batch while there is
+        room (see the class docstring)."""
         turn = self._in_turn("translate")
-        decoding = collections.Counter(id(job) for inside in self.inside.values()
-                                       for job, _ in inside.values())
+        decoding = collections.Counter(id(job) for job, _, _ in self.inside.values())
         limits = self.limits
         while True:
             waiting = [job for job in turn if job.taken < len(job.ids)]
@@ -354,8 +372,8 @@ class StepBatcher(Batcher):
             job = min(waiting, key=lambda candidate: decoding[id(candidate)])
             line = job.order[job.taken]
             size = len(job.ids[line]) + 1
-            if self.decoding_lines and (self.decoding_lines >= limits.max_batch_lines or
-                                        self.decoding_tokens + size > limits.max_batch_tokens):
+            if self.inside and (len(self.inside) >= limits.max_batch_lines or
+                                self.decoding_tokens + size > limits.max_batch_tokens):
                 break
             self._take(job, size)
             self._place(job, line, size)
@@ -367,53 +385,20 @@ class StepBatcher(Batcher):
         if not ids:  # an empty line has an empty translation; the model is not run
             self._answer(job, line, [([], 0.0)])
             return
-        from ranmt.translator import line_generator
-
-        decoder, settings = self._decoder(job.work)
-        prefix = job.extras[line] if job.extras is not None else None
-        if settings.sampling != "none":
-            generator = line_generator(settings.seed, line, self.translator.device)
-            self.draws[id(job), line] = [None] * settings.nbest
-            for draw in range(settings.nbest):
-                decoder.add((job, line, draw), ids, prefix, generator)
-        else:
-            decoder.add((job, line, 0), ids, prefix)
-        self.inside[job.work][id(job), line] = (job, size)
-        self.decoding_lines += 1
+        key = next(self._keys)
+        self.inside[key] = (job, line, size)
         self.decoding_tokens += size
+        prefix = job.extras[line] if job.extras is not None else None
+        self.engine.add(key, job.work.options, ids, prefix, line)
 
-    def _decoder(self, work: Work):
-        if work not in self.decoders:
-            self.decoders[work] = self.translator.continuous_decoder(**dict(work.options))
-            self.inside[work] = {}
-        return self.decoders[work]
-
-    # ------------------------------------------------------------------ steps
-    async def _step(self, loop, work: Work) -> None:
-        """One decoding step of ``work``'s decoder; its finished lines answered."""
-        decoder, _ = self.decoders[work]
-        try:
-            done = await loop.run_in_executor(self.executor, decoder.step)
-        except Exception as err:  # noqa: BLE001 (reported to the requests decoding in it)
-            self._fail_decoder(work, err)
-            return
-        self.steps += 1
+    # ------------------------------------------------------------------ results
+    def _stepped(self, steps: int, sentences: int) -> None:
+        self.steps += steps
         if self.metrics is not None:
-            self.metrics.batch_sentences.labels(self.name).observe(decoder.decoding + len(done))
-        for (job, line, draw), hyps in done:
-            if (id(job), line) in self.draws:  # sampling: each draw is one added line
-                draws = self.draws[id(job), line]
-                draws[draw] = hyps[0]
-                if any(hyp is None for hyp in draws):
-                    continue
-                hyps = self.draws.pop((id(job), line))
-            self._line_done(work, job, line, hyps)
-        if decoder.idle():
-            del self.decoders[work], self.inside[work]
+            self.metrics.batch_sentences.labels(self.name).observe(sentences)
 
-    def _line_done(self, work: Work, job: Job, line: int, hyps: list) -> None:
-        _, size = self.inside[work].pop((id(job), line))
-        self.decoding_lines -= 1
+    def _line_done(self, key: int, hyps: list) -> None:
+        job, line, size = self.inside.pop(key)
         self.decoding_tokens -= size
         self._rate(size)
         if self.metrics is not None:
@@ -438,16 +423,15 @@ class StepBatcher(Batcher):
                 0.7 * self.tokens_per_s + 0.3 * rate
             self._rate_start, self._rate_tokens = time.perf_counter(), 0
 
-    def _fail_decoder(self, work: Work, err: Exception) -> None:
-        """A step failed: the jobs decoding in it get the error (their other lines are not
-        decoded) and the decoder is dropped."""
-        inside = self.inside.pop(work)
-        del self.decoders[work]
-        self.decoding_lines -= len(inside)
-        self.decoding_tokens -= sum(size for _, size in inside.values())
-        for key in inside:
-            self.draws.pop(key, None)
-        self._fail([(job, line) for (_, line), (job, _) in inside.items()], err)
+    def _lines_failed(self, keys: list[int], err: Exception) -> None:
+        """Decoding failed for lines ``keys``: their jobs get the error (their other lines
+        are not decoded)."""
+        lines = []
+        for key in keys:
+            job, line, size = self.inside.pop(key)
+            self.decoding_tokens -= size
+            lines.append((job, line))
+        self._fail(lines, err)
 
 
 def _rounds(turn: list[Job]):

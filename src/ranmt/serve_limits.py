@@ -69,6 +69,15 @@ class ServeLimits:
     batch is formed from the waiting requests and decoded to its end before the next one
     is formed). Scoring is always batch-level."""
 
+    workers: str = _choice(
+        "process", "--workers", ("process", "thread"),
+        "step batching: decode each model in a worker process of its own (the HTTP side "
+        "never waits for decoding; a worker that dies is restarted) or in a thread of the "
+        "server's process (default process)")
+    """Where step-level decoding runs (:mod:`ranmt.serve_worker`): ``process``, a worker
+    process per model that loads its own copy of the model, or ``thread``, the server's
+    decoding thread. Scoring, alignments and attention maps run in the server's process."""
+
     def __post_init__(self):
         for spec in fields(self):
             if "choices" in spec.metadata:

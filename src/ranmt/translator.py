@@ -72,6 +72,9 @@ class Translator:
         self.tgt_vocab = tgt_vocab
         self.device = device
         self.checkpoint_dir = checkpoint_dir
+        self.load_options: dict | None = None
+        """The arguments of :meth:`load` that give this translator again (None when it was
+        built otherwise): how ``ranmt serve``'s decoding workers load their copy."""
         self.progress = False
         """Show a progress bar (sentences/s, tokens/s, ETA) on stderr while translating
         more than one batch; the CLI turns it on when stderr is a terminal."""
@@ -113,8 +116,12 @@ class Translator:
             model = Ensemble(models)
             config = dataclasses.replace(config, model=model.config)
         config.decode = decode_with(config.decode, **decode_overrides)
-        return cls(model, config, Vocab(directory / "spm.src.model"),
-                   Vocab(directory / "spm.tgt.model"), device_, directory)
+        translator = cls(model, config, Vocab(directory / "spm.src.model"),
+                         Vocab(directory / "spm.tgt.model"), device_, directory)
+        translator.load_options = {"checkpoint": [str(path) for path in paths],
+                                   "device": str(device_), "quantize": quantize,
+                                   "precision": precision, **decode_overrides}
+        return translator
 
     def check_lengths(self, ids: list[list[int]], first_line: int = 1) -> list[list[int]]:
         """The translate policy for inputs beyond ``model.max_positions``: an

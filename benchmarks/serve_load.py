@@ -21,8 +21,9 @@ and mismatched responses, batches formed, and the throughput ratio dynamic / one
 
 ``--scenario burst`` compares step- and batch-level batching (``--batching``) under the
 burst of issue 46: ``--burst-requests`` (60) requests of ``--burst-lines`` lines at beam
-``--burst-beam`` at once, a one-line request 0.5 s later (its latency against its latency on
-the idle server), ``/health`` every 50 ms meanwhile (p50/p99), refusals (p50/p99), burst
+``--burst-beam`` at once, a one-line request 0.5 s later (sent again every 50 ms while it is
+refused because the burst fills the queue; its latency from the first send against its
+latency on the idle server), ``/health`` every 50 ms meanwhile (p50/p99), refusals (p50/p99), burst
 throughput (accepted lines / seconds to the last accepted answer), peak memory, and every
 accepted line checked against the Python API.
 
@@ -129,10 +130,19 @@ def _timed_post(url: str, payload: dict) -> tuple[int, float, dict]:
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """Resident memory of process ``pid`` and all its descendants (the server's decoding
+    workers and their forkserver), in MB."""
+    total = 0.0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children = (task / "children").read_text().split()
+            total += sum(_rss_mb(int(child)) for child in children)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -268,7 +278,8 @@ def run_burst(args, sentences: list[str], translator, batching: str) -> dict:
     server, base = launch_server(["--checkpoint", args.checkpoint, "--device", "cpu",
                                   "--max-lines", str(args.burst_lines), "--max-beam", "16",
                                   "--max-queued-tokens", str(args.queue_tokens),
-                                  "--batching", batching], wait_s=60, env=_server_env(args))
+                                  "--batching", batching, *args.server_args.split()],
+                                 wait_s=60, env=_server_env(args))
     lines = args.burst_lines
     chunks = [sentences[i: i + lines] for i in range(0, len(sentences) - lines + 1, lines)]
     heavy = [chunks[i % len(chunks)] for i in range(args.burst_requests)]
@@ -280,8 +291,16 @@ def run_burst(args, sentences: list[str], translator, batching: str) -> dict:
             health = prober.submit(_health_probe, base, stop)
 
             def small_request(url: str):
+                """Sent 0.5 s into the burst; refused (503: the burst fills the queue), it
+                is sent again every 50 ms: (status, seconds from the first send, 503s)."""
                 time.sleep(0.5)
-                return _timed_post(f"{url}/translate", small)
+                first, refusals = time.perf_counter(), 0
+                while True:
+                    status, _, body = _timed_post(f"{url}/translate", small)
+                    if status != 503 or time.perf_counter() - first > 600:
+                        return status, time.perf_counter() - first, refusals
+                    refusals += 1
+                    time.sleep(0.05)
 
             start = time.perf_counter()
             burst = _burst(base, heavy, args.burst_beam, server.pid, small_request)
@@ -298,9 +317,10 @@ def run_burst(args, sentences: list[str], translator, batching: str) -> dict:
     expected = translator.translate([line for chunk, _, _ in accepted for line in chunk])
     got = [entry["text"] for _, body, _ in accepted for entry in body["translations"]]
     idle_s = statistics.median(idle)
-    small_status, small_s, _ = burst["extra"]
+    small_status, small_s, small_refusals = burst["extra"]
     return {"batching": batching, "small_idle_s": idle_s, "small_status": small_status,
             "small_latency_s": small_s, "small_over_idle": small_s / idle_s,
+            "small_refusals": small_refusals,
             "requests": len(heavy), "accepted": len(accepted), "refused": len(refused),
             "other_statuses": [s for s, _, _ in answers if s not in (200, 503)],
             "refusal_p50_ms": 1000 * _percentile(refused, 0.5),
@@ -317,13 +337,14 @@ def run_burst(args, sentences: list[str], translator, batching: str) -> dict:
 def _print_burst(args, results: dict) -> None:
     print(f"{args.burst_requests} requests x {args.burst_lines} lines at beam "
           f"{args.burst_beam} at once, a one-line request 0.5 s later, /health every 50 ms; "
-          f"queue limit {args.queue_tokens} source tokens, loopback")
-    print("| batching | 1-line idle s | 1-line in burst s | x idle | 503 p50 / p99 ms | "
-          "/health p50 / p99 ms | accepted | burst lines/s | mismatched | peak MB |")
+          f"queue limit {args.queue_tokens} source tokens, loopback {args.server_args}")
+    print("| batching | 1-line idle s | 1-line in burst s (its 503s) | x idle | 503 p50 / p99 "
+          "ms | /health p50 / p99 ms | accepted | burst lines/s | mismatched | peak MB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results.values():
-        print(f"| {r['batching']} | {r['small_idle_s']:.2f} | {r['small_latency_s']:.2f} | "
-              f"{r['small_over_idle']:.1f} | {r['refusal_p50_ms']:.0f} / "
+        print(f"| {r['batching']} | {r['small_idle_s']:.2f} | {r['small_latency_s']:.2f} "
+              f"({r['small_refusals']}) | {r['small_over_idle']:.1f} | "
+              f"{r['refusal_p50_ms']:.0f} / "
               f"{r['refusal_p99_ms']:.0f} | {r['health_p50_ms']:.0f} / "
               f"{r['health_p99_ms']:.0f} | {r['accepted']} of {r['requests']} | "
               f"{r['burst_lines_per_s']:.1f} | {r['accepted_lines_mismatched']} of "
@@ -369,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
                         "request behind it, step- against batch-level batching")
     p.add_argument("--burst-requests", type=int, default=60,
                    help="burst: requests sent at once")
+    p.add_argument("--server-args", default="",
+                   help="burst: more ranmt serve options for every server, e.g. "
+                        "'--max-batch-lines 16'")
     p.add_argument("--batching", nargs="+", default=["step", "batch"],
                    choices=["step", "batch"], help="burst: the servers' --batching to compare")
     p.add_argument("--queue-tokens", type=int, default=32000,

@@ -102,7 +102,8 @@ class DotProductAttention(Attention):
                 self.v_proj(memory), self.heads)
         if self.is_cross:
             if "k" not in cache:
-                if cache.get("capacity") is None:  # the reference decoder: unfused
+                reference = cache.get("capacity") is None and cache.get("positions") is None
+                if reference:  # the reference decoder: unfused
                     k, v = self.k_proj(memory), self.v_proj(memory)
                 else:
                     k, v = self._project(memory, "kv", (self.k_proj, self.v_proj))

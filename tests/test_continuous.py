@@ -171,3 +171,24 @@ def test_queue_checks_and_cache_merge_errors():
     assert decoder.step() == [] and decoder.idle()
     with pytest.raises(ValueError, match="cannot merge"):
         merge_caches({"k": torch.zeros(1)}, {"v": torch.zeros(1)})
+
+
+def test_queued_lines_wait_at_most_join_wait_steps_for_company():
+    """join_wait 2: a line queued behind a running batch joins at the second step (one
+    cache copy for lines that arrive a step apart); with lines for a quarter of the batch
+    queued it joins at once; an empty batch takes a line at once."""
+    model = _model("dot", "dot", 0)
+    decoder = ContinuousDecoder(model, beam=2, max_len_b=30, fixed_length=20, join_wait=2)
+    for number, ids in enumerate(_lines(8, 13, 5, 8)):
+        decoder.add(number, ids)
+    decoder.step()
+    assert decoder.decoding == 8 and not decoder.waiting  # an empty batch: at once
+    decoder.add("late", [5, 6, 7])
+    decoder.step()
+    assert decoder.decoding == 8 and len(decoder.waiting) == 1  # waits one step
+    decoder.step()
+    assert decoder.decoding == 9 and not decoder.waiting
+    for name in "abc":  # lines for a quarter of the batch or more: at once
+        decoder.add(name, [5, 6])
+    decoder.step()
+    assert decoder.decoding == 12 and not decoder.waiting

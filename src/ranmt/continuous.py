@@ -5,7 +5,7 @@ and leave it as soon as they finish.
 options (beam search, greedy search or sampling). Every :meth:`ContinuousDecoder.step`
 advances each of them by one token and first admits the lines queued by
 :meth:`ContinuousDecoder.add`, so a batch never waits for its longest member and a new line
-starts within one step. What makes it possible:
+starts within two steps (``join_wait``). What makes it possible:
 
 * **Rows at their own positions.** Each sentence (its ``beam`` rows) is at its own step.
   The decoder cache runs with per-row positions (``cache["positions"]`` (rows,),
@@ -148,7 +148,8 @@ class ContinuousDecoder:
 
     def __init__(self, model, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
                  max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1,
-                 limit: int | None = None, fixed_length: int | None = None, pick=None):
+                 limit: int | None = None, fixed_length: int | None = None, pick=None,
+                 join_wait: int = 2):
         if beam < 1:
             raise ValueError(f"beam size must be >= 1, not {beam}")
         self.model = model
@@ -161,7 +162,14 @@ class ContinuousDecoder:
         self.pick = pick
         """Sampling: ``generator -> (log-probs (n, V) -> (scores (n,), tokens (n,)))``, the
         draw of :meth:`ranmt.sampling.Sampler.pick`."""
+        self.join_wait = join_wait
+        """Steps a queued line may wait for company before it joins a running batch (1:
+        the next step; 2, the default: the next or the one after). Every join copies the
+        batch's cache once, so lines that join together cost less: with 64 lines at beam
+        16 on two CPU cores, 2 gave 1.09x the lines/s of 1. A line joins an empty batch at
+        once, and the queue joins whenever it holds lines for a quarter of the batch."""
         self.device = next(model.parameters()).device
+        self._queued_at = 0  # steps_taken when the oldest queued line was added
         self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []
         self.sentences: _Sentences | None = None
         self.cache: dict | None = None
@@ -177,6 +185,8 @@ class ContinuousDecoder:
         if (generator is not None) != (self.pick is not None):
             raise ValueError("a generator goes with sampling (a decoder built with pick), "
                              "and sampling needs one per line")
+        if not self.waiting:
+            self._queued_at = self.steps_taken
         self.waiting.append((ticket, list(ids), list(prefix or []), generator))
 
     @property
@@ -202,7 +212,7 @@ class ContinuousDecoder:
             rows_steps = self.sentences.steps.repeat_interleave(self.beam)
             _set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
             parts.append(self.model.decode_step(self.sentences.prev, self.cache))
-        if self.waiting:
+        if self.waiting and self._joins_now():
             joining, cache, logprobs = self._start(self.waiting)
             self.waiting = []
             parts.append(logprobs)
@@ -218,6 +228,12 @@ class ContinuousDecoder:
         if self.beam == 1:
             return self._advance_greedy(logprobs)
         return self._advance_beams(logprobs)
+
+    def _joins_now(self) -> bool:
+        """Whether the queued lines join at this step (see ``join_wait``)."""
+        return (self.sentences is None
+                or self.steps_taken - self._queued_at + 1 >= self.join_wait
+                or 4 * len(self.waiting) >= len(self.sentences.tickets))
 
     def run(self) -> list[tuple[Any, Hypotheses]]:
         """Step until every queued and running line has finished; all that finished."""

@@ -275,12 +275,16 @@ class Batcher:
                 self.metrics.decoded_tokens.labels(self.name).inc(
                     sum(len(hyps[0][0]) + 1 for hyps in results))
         for (job, line), result in zip(batch, results):
-            job.results[line] = result
-            job.answered += 1
-            if job.answered == len(job.ids):
-                self.requests += 1
-                if not job.future.done():
-                    job.future.set_result(job.results)
+            self._answer(job, line, result)
+
+    def _answer(self, job: Job, line: int, result: list) -> None:
+        """Line ``line`` of ``job`` is done; the job is answered once all its lines are."""
+        job.results[line] = result
+        job.answered += 1
+        if job.answered == len(job.ids):
+            self.requests += 1
+            if not job.future.done():
+                job.future.set_result(job.results)
 
     def _fail(self, batch: list[tuple[Job, int]], err: Exception) -> None:
         """A batch failed: its jobs get the error and their remaining lines are dropped."""
@@ -404,14 +408,6 @@ class StepBatcher(Batcher):
         if self.metrics is not None:
             self.metrics.decoded_tokens.labels(self.name).inc(len(hyps[0][0]) + 1)
         self._answer(job, line, hyps)
-
-    def _answer(self, job: Job, line: int, hyps: list) -> None:
-        job.results[line] = hyps
-        job.answered += 1
-        if job.answered == len(job.ids):
-            self.requests += 1
-            if not job.future.done():
-                job.future.set_result(job.results)
 
     def _rate(self, tokens: int) -> None:
         """Source tokens decoded per second (for Retry-After), over spans of >= 1 s."""

@@ -257,7 +257,10 @@ class ProcessDecoding:
 def _context():
     """Workers are forked from a clean server process that has imported torch and ranmt
     but run nothing (``forkserver``): they start in a fraction of a second, and no thread
-    pool of the serving process is copied into them."""
+    pool of the serving process is copied into them (``spawn`` where there is no
+    forkserver)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: spawn
+        return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["ranmt.serve_worker", "ranmt.translator"])
     return context

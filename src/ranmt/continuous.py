@@ -166,7 +166,8 @@ class ContinuousDecoder:
         """Steps a queued line may wait for company before it joins a running batch (1:
         the next step; 2, the default: the next or the one after). Every join copies the
         batch's cache once, so lines that join together cost less: with 64 lines at beam
-        16 on two CPU cores, 2 gave 1.09x the lines/s of 1. A line joins an empty batch at
+        16 on two CPU cores, 2 gave 1.07x the lines/s of 1, 4 1.10x
+        (``benchmarks/continuous_batching.py``). A line joins an empty batch at
         once, and the queue joins whenever it holds lines for a quarter of the batch."""
         self.device = next(model.parameters()).device
         self._queued_at = 0  # steps_taken when the oldest queued line was added

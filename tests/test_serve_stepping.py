@@ -159,3 +159,14 @@ def _until(condition, seconds: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_worker_that_cannot_start_fails_the_servers_start(runs):
+    """A decoding worker that exits before it is ready (here: its checkpoint is gone) stops
+    the server's start with the reason, instead of being restarted for ever."""
+    translator = Translator.load(runs["transf"], device="cpu")
+    translator.load_options = {**translator.load_options, "checkpoint": ["/nonexistent/run"]}
+    limits = ServeLimits(max_lines=10, max_chars=200, workers="process")
+    with pytest.raises(RuntimeError, match="before it was ready"), \
+            TestClient(create_app({"transf": translator}, limits)):
+        pass

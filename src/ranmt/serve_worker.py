@@ -16,7 +16,9 @@ default) or in a thread of the server's process.
   so ``/health``, ``/ready``, ``/metrics`` and refusals never wait for a decoding step,
   and the worker runs at a lower scheduling priority (``nice`` +5) so that on a busy
   machine the HTTP side gets the CPU when it needs it. A worker that exits (killed, out of
-  memory) is started again; the lines it held are answered 500.
+  memory) is started again; the lines it held are answered 500. A first worker that
+  exits before it is ready fails the server's start; after three restarts in a row that
+  never got ready no more are started (``/ready`` stays 503, waiting requests get 504).
 
 Both tell the queue (:class:`ranmt.serve_batching.StepBatcher`) what finished through
 ``on_done(key, hypotheses)`` and ``on_failed(keys, error)`` (``key``: the queue's number for
@@ -158,6 +160,8 @@ class ProcessDecoding:
         self.connection = None
         self.ready = False
         self.restarts = 0
+        self.failed_starts = 0  # workers in a row that exited before they were ready
+        self.error: str | None = None  # set when no more workers are started
         self.held: set[int] = set()  # keys sent and not answered
         self._news = asyncio.Event()
         self._became_ready = asyncio.Event()
@@ -168,6 +172,8 @@ class ProcessDecoding:
         self._loop = asyncio.get_running_loop()
         self._spawn()
         await self._became_ready.wait()
+        if self.error is not None:
+            raise RuntimeError(self.error)
 
     def _spawn(self) -> None:
         context = _context()
@@ -199,7 +205,10 @@ class ProcessDecoding:
         self.connection.send(("add", key, options, ids, prefix, line))
 
     async def wait_ready(self) -> None:
+        """Until a worker is ready; RuntimeError when none can start (``error``)."""
         await self._became_ready.wait()
+        if self.error is not None:
+            raise RuntimeError(self.error)
 
     async def advance(self, arrival: asyncio.Event) -> None:
         """Until the worker reports (finished lines arrive from it as it decodes), a new
@@ -225,6 +234,7 @@ class ProcessDecoding:
         kind = message[0]
         if kind == "ready":
             self.ready = True
+            self.failed_starts = 0
             self._became_ready.set()
         elif kind == "done":
             self.on_steps(message[2], message[3])
@@ -247,10 +257,20 @@ class ProcessDecoding:
         if keys:
             self.on_failed(keys, WorkerDiedError(
                 f"the decoding worker of model '{self.name}' exited (code {code}) while "
-                "decoding this request; it has been restarted"))
+                "decoding this request"))
+        if not self.ready:
+            self.failed_starts += 1
+        if (self.restarts == 0 and not self.ready) or self.failed_starts >= 3:
+            # It cannot start (the first one, or three in a row): give up, say why.
+            self.error = (f"the decoding worker of model '{self.name}' exited (code {code}) "
+                          f"before it was ready; no new one is started")
+            print(f"ranmt serve: {self.error}", file=sys.stderr)
+            self._became_ready.set()  # wakes start(), which raises
+            return
         print(f"ranmt serve: the decoding worker of model '{self.name}' exited (code {code});"
               " starting a new one", file=sys.stderr)
         self.restarts += 1
+        self.ready = False
         self._spawn()
 
 

@@ -284,3 +284,17 @@ def test_ensemble_members_must_share_vocabularies():
     second, _ = tiny_model(seed=1, **{"model.tgt_vocab_size": 41})
     with pytest.raises(ValueError, match="share source and target vocabularies"):
         Ensemble([first, second])
+
+
+def test_lines_are_tokenized_as_one_by_one(translators):
+    """encode_sources / encode_targets tokenize all lines in one SentencePiece call (a call
+    per line was 30x slower): the same ids as line by line, blank lines []."""
+    translator = translators["transf"]
+    lines = ["a b c", "", "  d e f g  ", "   ", "h"]
+    one_by_one = [translator.src_vocab.encode([line.strip()])[0] if line.strip() else []
+                  for line in lines]
+    assert translator.encode_sources(lines) == one_by_one
+    assert translator.encode_targets(lines) == [
+        translator.tgt_vocab.encode([line.strip()])[0] if line.strip() else []
+        for line in lines]
+    assert translator.encode_sources([]) == [] and translator.encode_sources([""]) == [[]]

@@ -215,13 +215,11 @@ class Translator:
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         """Raw sentences -> source subword ids (an empty or blank line -> [])."""
-        stripped = [s.strip() for s in sentences]
-        return [self.src_vocab.encode([s])[0] if s else [] for s in stripped]
+        return _encode_lines(self.src_vocab, sentences)
 
     def encode_targets(self, sentences: list[str]) -> list[list[int]]:
         """Raw target-side text (references, prefixes) -> target subword ids."""
-        stripped = [s.strip() for s in sentences]
-        return [self.tgt_vocab.encode([s])[0] if s else [] for s in stripped]
+        return _encode_lines(self.tgt_vocab, sentences)
 
     def translate(self, sentences: list[str], first_line: int = 1,
                   prefixes: list[str] | None = None) -> list[str]:
@@ -309,6 +307,16 @@ class Translator:
         return self._pairs_in_batches(
             sources, targets,
             lambda src, tgt: score_targets(self.model, src, tgt, d.lenpen, d.lenpen_style))
+
+
+def _encode_lines(vocab: Vocab, sentences: list[str]) -> list[list[int]]:
+    """Sentences -> subword ids, blank ones -> [], the others in one SentencePiece call
+    (one call per line started a thread pool each: 64 lines took 15.7 ms, 0.54 ms in one
+    call; a server tokenizes every request's lines on its event loop)."""
+    stripped = [s.strip() for s in sentences]
+    nonempty = [s for s in stripped if s]
+    encoded = iter(vocab.encode(nonempty) if nonempty else [])
+    return [next(encoded) if s else [] for s in stripped]
 
 
 def line_generator(seed: int, line: int, device: torch.device) -> torch.Generator:

@@ -88,9 +88,8 @@ class _Sentences:
         chosen = sentences.tolist()
         finished = None
         if self.finished is not None:
-            finished = _Finished.__new__(_Finished)
-            for name in ("scores", "tokens", "lengths", "counts"):
-                setattr(finished, name, getattr(self.finished, name).index_select(0, sentences))
+            finished = _finished_from(
+                lambda name: getattr(self.finished, name).index_select(0, sentences))
         return _Sentences(
             [self.tickets[i] for i in chosen], [self.generators[i] for i in chosen],
             self.steps.index_select(0, sentences), self.caps.index_select(0, sentences),
@@ -383,11 +382,9 @@ def _merge_sentences(first: _Sentences, second: _Sentences) -> _Sentences:
         prefix = _cat_padded(_prefix_or_none(first), _prefix_or_none(second), PAD_ID)
     finished = None
     if first.finished is not None:
-        finished = _Finished.__new__(_Finished)
-        for name in ("scores", "tokens", "lengths", "counts"):
-            value = -math.inf if name == "scores" else 0
-            setattr(finished, name, _cat_padded(getattr(first.finished, name),
-                                                getattr(second.finished, name), value))
+        finished = _finished_from(lambda name: _cat_padded(
+            getattr(first.finished, name), getattr(second.finished, name),
+            -math.inf if name == "scores" else 0))
     return replace(
         first, tickets=first.tickets + second.tickets,
         generators=first.generators + second.generators,
@@ -403,3 +400,12 @@ def _prefix_or_none(state: _Sentences) -> Tensor:
         return state.prefix
     return torch.full((len(state.tickets), 1), PAD_ID, dtype=torch.long,
                       device=state.steps.device)
+
+
+def _finished_from(part) -> _Finished:
+    """A :class:`ranmt.decode._Finished` whose tensors are ``part(name)`` for each of its
+    scores, tokens, lengths and counts (a selection or a merge of others)."""
+    finished = _Finished.__new__(_Finished)
+    for name in ("scores", "tokens", "lengths", "counts"):
+        setattr(finished, name, part(name))
+    return finished

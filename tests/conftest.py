@@ -78,6 +78,23 @@ def logged_losses(run: Path) -> list[float]:
             if line.startswith("step ")]
 
 
+def assert_same_translations(first: dict, second: dict, rel: float = 1e-5) -> None:
+    """Two /translate answers hold the same texts (every n-best entry) and the same scores
+    within float noise: a step-level server pads a line differently depending on when it
+    joins the batch, so equal requests agree in their hypotheses, not in every bit."""
+    def texts(body):
+        return [[hyp["text"] for hyp in entry.get("nbest", [entry])]
+                for entry in body["translations"]]
+
+    def scores(body):
+        return [hyp["score"] for entry in body["translations"]
+                for hyp in entry.get("nbest", [entry])]
+
+    assert first.keys() == second.keys()
+    assert texts(first) == texts(second)
+    assert scores(first) == pytest.approx(scores(second), rel=rel)
+
+
 def graphs_compiled(run) -> int:
     """How many graphs ``torch.compile`` compiled while ``run()`` ran (Dynamo's counter):
     0 means the compiled path was never taken."""

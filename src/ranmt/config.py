@@ -36,18 +36,11 @@ Positions = Literal["sinusoidal", "learned", "none"]
 PositionsOverride = Literal["", "sinusoidal", "learned", "none"]  # "": the model's choice
 Activation = Literal["relu", "gelu"]
 CrossAttentionLayers = Literal["all", "last"]
-HardcodedImplementation = Literal["gaussian", "conv", "index"]
-ExpandKVVariant = Literal[1, 2, 3, 4]
-RanTransition = Literal["paper", "no_ln_res", "released_code", "released_tanh",
-                        "released_relu", "released_ln_ffn"]
-RanInit = Literal["xavier_whole", "xavier_per_head"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DropoutMasks = Literal["torch", "fast"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
-RAN_TRANSITIONS: tuple[str, ...] = typing.get_args(RanTransition)
-RAN_INITS: tuple[str, ...] = typing.get_args(RanInit)
 
 
 class ConfigError(ValueError):
@@ -84,60 +77,13 @@ class DecoderConfig:
     """Position embedding of the decoder: sinusoidal | learned | none; empty = model.positions."""
 
 
-@dataclass
-class RANConfig:
-    """Recurrent Attention options (paper 000; see ranmt/attention/ran.py)."""
+def _variant_defaults() -> dict[str, Any]:
+    """Every registered attention variant's options (``model.<section>``), at defaults. The
+    first call imports the built-in variants (and torch)."""
+    import ranmt.attention  # noqa: F401  (registers the built-in variants)
+    from ranmt.attention.registry import default_options
 
-    transition: RanTransition = "paper"
-    """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | the released
-    code's released_code (rec_func 0) | released_tanh (1) | released_relu (2) |
-    released_ln_ffn (3); formulas in ranmt/attention/ran.py."""
-    init: RanInit = "xavier_whole"
-    """Initialisation of A_0: xavier_whole (one xavier-uniform over the (H, N, N) tensor, as
-    the authors' code) | xavier_per_head (each (N, N) head separately, 11x larger bound at
-    N = 256, H = 8)."""
-    fixed_initial: bool = False
-    """Keep the Initial Attention Matrices A_0 at their random init (Table 3 ablation)."""
-    released_hidden: int = 1024
-    """Hidden size of the released code's feed-forward transition."""
-    attention_dropout: float = 0.2
-    """Dropout on RAN's attention weights (the paper uses 0.2)."""
-
-
-@dataclass
-class SynthesizerConfig:
-    """Random Synthesizer options (Tay et al., 2020)."""
-
-    fixed: bool = False
-    """Keep the per-layer matrices at their random init (not trained)."""
-    attention_dropout: float = 0.1
-    """Dropout on the synthesizer's attention weights."""
-
-
-@dataclass
-class HardcodedConfig:
-    """Hard-coded Gaussian attention options (paper 004)."""
-
-    sigma: float = 1.0
-    """Standard deviation of the Gaussians."""
-    implementation: HardcodedImplementation = "gaussian"
-    """gaussian (cut-off pdf) | conv (window 3, kernel [0.242, 0.399, 0.242]) | index."""
-    gamma: float = 0.0
-    """Source/target length ratio for hard-coded cross-attention (0 = take it from the data)."""
-
-
-@dataclass
-class RecurrentCrossConfig:
-    """Recurrent cross-attention options (paper 001, Eq. 2-10)."""
-
-    expand_kv_variant: ExpandKVVariant = 1
-    """expand-kv: which extra key/value pair, Eq. 5 (1), 6 (2), 7 (3) or 8 (4)."""
-    smooth_window: int = 5
-    """smooth-energy (Eq. 9): window half-width k."""
-    smooth_lambda: float = 0.5
-    """smooth-energy (Eq. 9): weight lambda of the current energies (1 = plain attention)."""
-    coverage_lambda: float = 0.5
-    """coverage-subtract (Eq. 10): lambda (0 = plain attention)."""
+    return default_options()
 
 
 @dataclass
@@ -154,10 +100,10 @@ class ModelConfig:
     """Inner size of the position-wise feed-forward network."""
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    ran: RANConfig = field(default_factory=RANConfig)
-    hardcoded: HardcodedConfig = field(default_factory=HardcodedConfig)
-    recurrent_cross: RecurrentCrossConfig = field(default_factory=RecurrentCrossConfig)
-    synthesizer: SynthesizerConfig = field(default_factory=SynthesizerConfig)
+    variant_options: dict[str, Any] = field(default_factory=_variant_defaults)
+    """The options of every registered attention variant, one section each, read and written
+    as ``model.<section>.<field>`` (``model.ran.init``, ``cfg.model.ran.init``): the sections
+    are whatever the variants registered (``ranmt.attention.registry``), not fields here."""
     dropout: float = 0.1
     """Residual and embedding dropout."""
     attention_dropout: float = 0.0
@@ -188,6 +134,13 @@ class ModelConfig:
     """Target vocabulary size (filled in from the prepared data at training time)."""
     joint_vocab: bool = False
     """Whether source and target share one vocabulary (filled in from the data)."""
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.ran`` etc.: a variant's options section (only names no field has)."""
+        options = self.__dict__.get("variant_options")
+        if options is not None and name in options:
+            return options[name]
+        raise AttributeError(f"ModelConfig has no field or variant section '{name}'")
 
 
 # --------------------------------------------------------------------------- data / train / decode
@@ -331,49 +284,40 @@ def _preset_base(m: ModelConfig) -> None:
 MODEL_PRESETS = {"tiny": _preset_tiny, "small": _preset_small, "base": _preset_base}
 
 
-def _arch_transf(m: ModelConfig) -> None:
-    m.encoder.self_attention = "dot"
-    m.decoder.self_attention = "dot"
-    m.decoder.cross_attention = "dot"
+def arch_presets() -> dict[str, Any]:
+    """``model.arch`` name -> :class:`ranmt.attention.registry.Arch`: the presets the
+    registered variants declared (transf, ran-e, ran-d, ran-all, hc-sa, hc-all, sh-x, syn-r
+    and any registered since)."""
+    import ranmt.attention  # noqa: F401  (registers the built-in variants)
+    from ranmt.attention.registry import ARCHS
 
-
-def _arch(encoder_self: str, decoder_self: str, cross: str = "dot", cross_layers: str = "all",
-          cross_heads: int = 0):
-    def apply(m: ModelConfig) -> None:
-        m.encoder.self_attention = encoder_self
-        m.decoder.self_attention = decoder_self
-        m.decoder.cross_attention = cross
-        m.decoder.cross_attention_layers = cross_layers
-        m.decoder.cross_attention_heads = cross_heads
-
-    return apply
-
-
-ARCH_PRESETS = {
-    "transf": _arch_transf,
-    "ran-e": _arch("ran", "dot"),
-    "ran-d": _arch("dot", "ran"),
-    "ran-all": _arch("ran", "ran"),
-    "hc-sa": _arch("gaussian", "gaussian"),
-    "hc-all": _arch("gaussian", "gaussian", "gaussian"),
-    "sh-x": _arch("gaussian", "gaussian", "dot", "last", 1),
-    "syn-r": _arch("synthesizer", "synthesizer"),
-}
-"""Architecture presets: name -> function setting the attention of each component."""
+    return ARCHS
 
 
 # --------------------------------------------------------------------------- (de)serialisation
 
+def _children(cfg: Any) -> list[tuple[str, Any]]:
+    """(name, value) of every entry of a config node: its dataclass fields, with
+    ``ModelConfig.variant_options`` expanded in place into the variants' sections."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(cfg, ModelConfig) and f.name == "variant_options":
+            out.extend(value.items())
+        else:
+            out.append((f.name, value))
+    return out
+
+
 def to_dict(cfg: Any) -> dict:
     """Nested plain dict (tuples become lists) suitable for JSON/YAML."""
     out = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
+    for name, value in _children(cfg):
         if dataclasses.is_dataclass(value):
             value = to_dict(value)
         elif isinstance(value, tuple):
             value = list(value)
-        out[f.name] = value
+        out[name] = value
     return out
 
 
@@ -400,12 +344,11 @@ def all_keys(cfg: Any = None, prefix: str = "") -> list[str]:
     """Every dotted key of the config tree."""
     cfg = Config() if cfg is None else cfg
     keys = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
+    for name, value in _children(cfg):
         if dataclasses.is_dataclass(value):
-            keys.extend(all_keys(value, f"{prefix}{f.name}."))
+            keys.extend(all_keys(value, f"{prefix}{name}."))
         else:
-            keys.append(f"{prefix}{f.name}")
+            keys.append(f"{prefix}{name}")
     return keys
 
 
@@ -488,12 +431,11 @@ def check_choices(cfg: Any, prefix: str = "") -> None:
     """Every Literal-typed field of the tree holds one of its choices (values set directly
     on the dataclasses bypass :func:`set_value`)."""
     hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
+    for name, value in _children(cfg):
         if dataclasses.is_dataclass(value):
-            check_choices(value, f"{prefix}{f.name}.")
-        elif typing.get_origin(hints[f.name]) is Literal:
-            _choice(value, typing.get_args(hints[f.name]), f"{prefix}{f.name}")
+            check_choices(value, f"{prefix}{name}.")
+        elif typing.get_origin(hints[name]) is Literal:
+            _choice(value, typing.get_args(hints[name]), f"{prefix}{name}")
 
 
 def set_value(cfg: Config, key: str, value: Any) -> None:
@@ -501,7 +443,7 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
     parts = key.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts):
-        names = {f.name for f in dataclasses.fields(obj)}
+        names = {name for name, _ in _children(obj)}
         if part not in names:
             close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -535,10 +477,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.preset '{m.preset}' unknown; choose from {sorted(MODEL_PRESETS)}")
     apply_arch(ModelConfig(), m.arch)  # raises on an unknown name
     check_choices(cfg)
-    rc = m.recurrent_cross
-    if rc.smooth_window < 0 or not 0.0 <= rc.smooth_lambda <= 1.0:
-        raise ConfigError("model.recurrent_cross.smooth_window must be >= 0 and smooth_lambda "
-                          "in [0, 1]")
+    _validate_variants(m)
     cross_heads = m.decoder.cross_attention_heads or m.heads
     if cross_heads < 0 or m.d_model % cross_heads:
         raise ConfigError("model.decoder.cross_attention_heads must divide model.d_model")
@@ -546,10 +485,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.d_model ({m.d_model}) must be a positive multiple of model.heads")
     if m.max_positions < 2:
         raise ConfigError("model.max_positions must be at least 2")
-    for key in ("dropout", "attention_dropout", "activation_dropout", "ran.attention_dropout",
-                "synthesizer.attention_dropout"):
-        section, _, name = key.rpartition(".")
-        if not 0.0 <= getattr(getattr(m, section) if section else m, name) < 1.0:
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
             raise ConfigError(f"model.{key} must be in [0, 1)")
     if m.cross_attention_dropout >= 1.0:
         raise ConfigError("model.cross_attention_dropout must be < 1 (negative = "
@@ -574,6 +511,29 @@ def validate(cfg: Config) -> None:
     if any(length < 2 for length in buckets) or list(buckets) != sorted(set(buckets)):
         raise ConfigError("data.shape_buckets must be increasing lengths >= 2 (tokens per "
                           f"side, EOS included), not {list(buckets)}")
+
+
+def _validate_variants(m: ModelConfig) -> None:
+    """Each role names a registered variant that may fill it, and each variant section
+    passes its own ``validate()`` (its errors name the field; the key is added here)."""
+    from ranmt.attention.registry import check_name
+
+    roles = {"encoder_self": ("encoder.self_attention", m.encoder.self_attention),
+             "decoder_self": ("decoder.self_attention", m.decoder.self_attention),
+             "cross": ("decoder.cross_attention", m.decoder.cross_attention)}
+    for role, (key, name) in roles.items():
+        if name != "none":
+            try:
+                check_name(name, role)
+            except ValueError as err:
+                raise ConfigError(f"model.{key}: {err}") from None
+    for section, options in m.variant_options.items():
+        check = getattr(options, "validate", None)
+        try:
+            if check is not None:
+                check()
+        except ValueError as err:
+            raise ConfigError(f"model.{section}.{err}") from None
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -631,14 +591,20 @@ def apply_arch(m: ModelConfig, name: str) -> None:
     """Apply architecture ``name``: a preset, optionally followed by ``-sa`` (no
     self-attention sublayers) and/or ``-ff`` (no feed-forward sublayers), e.g. ``transf-sa``,
     ``sh-x-sa``, ``hc-sa-ff`` (paper 004 Table 3, Fig. 3)."""
+    presets = arch_presets()
     base, ablations = name, []
-    while base not in ARCH_PRESETS and base.endswith(("-sa", "-ff")):
+    while base not in presets and base.endswith(("-sa", "-ff")):
         ablations.append(base[-2:])
         base = base[:-3]
-    if base not in ARCH_PRESETS:
-        raise ConfigError(f"model.arch '{name}' unknown; choose from {sorted(ARCH_PRESETS)}, "
+    if base not in presets:
+        raise ConfigError(f"model.arch '{name}' unknown; choose from {sorted(presets)}, "
                           "optionally with -sa / -ff suffixes")
-    ARCH_PRESETS[base](m)
+    arch = presets[base]
+    m.encoder.self_attention = arch.encoder_self
+    m.decoder.self_attention = arch.decoder_self
+    m.decoder.cross_attention = arch.cross
+    m.decoder.cross_attention_layers = arch.cross_layers
+    m.decoder.cross_attention_heads = arch.cross_heads
     if "sa" in ablations:
         m.encoder.self_attention = m.decoder.self_attention = "none"
     if "ff" in ablations:
@@ -658,8 +624,9 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
 
 
 def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
-    """Set what the prepared data decides (its folder, vocabulary sizes, and HC-ALL's
-    gamma unless given) in ``cfg``, from ``data_dir/meta.json``."""
+    """Set what the prepared data decides (its folder, vocabulary sizes, and what a variant's
+    ``fill_from_data`` takes, e.g. HC-ALL's gamma unless given) in ``cfg``, from
+    ``data_dir/meta.json``."""
     from ranmt.data.corpus import load_meta  # numpy and json only: no torch
 
     meta = load_meta(data_dir)
@@ -667,8 +634,10 @@ def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
     cfg.model.src_vocab_size = meta["src_vocab_size"]
     cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
     cfg.model.joint_vocab = bool(meta["joint_vocab"])
-    if cfg.model.hardcoded.gamma <= 0:
-        cfg.model.hardcoded.gamma = float(meta.get("gamma", 1.0))
+    for options in cfg.model.variant_options.values():
+        fill = getattr(options, "fill_from_data", None)
+        if fill is not None:
+            fill(meta)
 
 
 def check_sampling(topk: int, topp: float, epsilon: float, temperature: float,

@@ -10,7 +10,7 @@ import torch
 
 from conftest import random_batch, tiny_model
 from ranmt.attention import AttentionSpec, build_attention
-from ranmt.config import HardcodedConfig
+from ranmt.attention.gaussian import HardcodedConfig
 from ranmt.model import count_parameters
 
 

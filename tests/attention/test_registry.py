@@ -7,7 +7,10 @@ import torch
 
 from ranmt.attention import REGISTRY, AttentionSpec, build_attention, reorder_cache
 from ranmt.attention.base import build_mask
-from ranmt.config import HardcodedConfig, RANConfig, RecurrentCrossConfig, SynthesizerConfig
+from ranmt.attention.gaussian import HardcodedConfig
+from ranmt.attention.ran import RANConfig
+from ranmt.attention.recurrent_cross import RecurrentCrossConfig
+from ranmt.attention.synthesizer import SynthesizerConfig
 
 D, H, N = 32, 4, 16
 

@@ -1,41 +1,24 @@
-"""Registry of attention variants: name -> class.
+"""The attention variants: importing this package registers every built-in one.
 
-``build_attention(name, spec)`` constructs one layer's module; ``build_shared(name, ...)``
-the stack-wide module some variants share across layers (RAN's initial matrices and
-transition). An unknown name is an error listing the registered names.
+Each variant declares itself with one ``@register(...)`` line on its class (name, options
+dataclass = config section ``model.<section>.*``, architecture presets): see
+:mod:`ranmt.attention.registry`. ``build_attention(name, spec)`` constructs one layer's
+module; ``build_shared(name, ...)`` the stack-wide module some variants share across layers
+(RAN's initial matrices and transition). An unknown name is an error listing the registered
+names.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# Importing the variant modules registers them; the order is the order of the option
+# sections in a saved config (model.ran, .hardcoded, .recurrent_cross, .synthesizer).
+# isort: off
+from ranmt.attention import dot_product, ran, gaussian, recurrent_cross, synthesizer  # noqa: F401
+# isort: on
 from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, reorder_cache
-from ranmt.attention.dot_product import DotProductAttention
-from ranmt.attention.gaussian import GaussianAttention
-from ranmt.attention.ran import RecurrentAttention
-from ranmt.attention.recurrent_cross import VARIANTS as RECURRENT_CROSS
-from ranmt.attention.synthesizer import RandomSynthesizerAttention
-
-REGISTRY: dict[str, type[Attention]] = {
-    "dot": DotProductAttention,
-    "ran": RecurrentAttention,
-    "gaussian": GaussianAttention,
-    "synthesizer": RandomSynthesizerAttention,
-    **RECURRENT_CROSS,
-}
-
-ROLES = ("encoder_self", "decoder_self", "cross")
-
-
-def check_name(name: str, role: str) -> type[Attention]:
-    """The class registered as ``name`` (error if unknown or not usable for ``role``)."""
-    if name not in REGISTRY:
-        raise ValueError(f"unknown attention '{name}' for {role}; registered: {sorted(REGISTRY)}")
-    cls = REGISTRY[name]
-    allowed = getattr(cls, "roles", ROLES)
-    if role not in allowed:
-        raise ValueError(f"attention '{name}' cannot be used for {role} (only {allowed})")
-    return cls
+from ranmt.attention.registry import REGISTRY, ROLES, check_name
 
 
 def build_shared(name: str, role: str, spec: AttentionSpec) -> Any:
@@ -51,6 +34,6 @@ def build_attention(name: str, spec: AttentionSpec) -> Attention:
 
 
 __all__ = [
-    "REGISTRY", "Attention", "AttentionSpec", "AttnOutput", "build_attention", "build_shared",
-    "reorder_cache",
+    "REGISTRY", "ROLES", "Attention", "AttentionSpec", "AttnOutput", "build_attention",
+    "build_shared", "check_name", "reorder_cache",
 ]

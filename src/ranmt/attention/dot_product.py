@@ -32,10 +32,12 @@ from ranmt.attention.base import (
     rows_allowed,
     split_heads,
 )
+from ranmt.attention.registry import Arch, register
 from ranmt.dropout import dropout, fast_masks_on
 from ranmt.packed import inference_linear
 
 
+@register("dot", archs={"transf": Arch("dot", "dot")})
 class DotProductAttention(Attention):
     """Standard multi-head attention with a KV cache."""
 

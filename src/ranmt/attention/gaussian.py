@@ -20,6 +20,9 @@ pdf), ``conv`` (a window of 3 around the centre with kernel [0.242, 0.399, 0.242
 from __future__ import annotations
 
 import math
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -33,9 +36,28 @@ from ranmt.attention.base import (
     merge_heads,
     split_heads,
 )
+from ranmt.attention.registry import Arch, register
 
-IMPLEMENTATIONS = ("gaussian", "conv", "index")
+HardcodedImplementation = Literal["gaussian", "conv", "index"]
+IMPLEMENTATIONS: tuple[str, ...] = typing.get_args(HardcodedImplementation)
 CONV_KERNEL = (0.242, 0.399, 0.242)
+
+
+@dataclass
+class HardcodedConfig:
+    """Hard-coded Gaussian attention options, config keys ``model.hardcoded.*`` (paper 004)."""
+
+    sigma: float = 1.0
+    """Standard deviation of the Gaussians."""
+    implementation: HardcodedImplementation = "gaussian"
+    """gaussian (cut-off pdf) | conv (window 3, kernel [0.242, 0.399, 0.242]) | index."""
+    gamma: float = 0.0
+    """Source/target length ratio for hard-coded cross-attention (0 = take it from the data)."""
+
+    def fill_from_data(self, meta: dict[str, Any]) -> None:
+        """gamma from the prepared data (``meta.json``) unless it was given."""
+        if self.gamma <= 0:
+            self.gamma = float(meta.get("gamma", 1.0))
 
 
 def head_centres(role: str, heads: int, positions: Tensor, gamma: float) -> Tensor:
@@ -68,6 +90,10 @@ def hard_coded_weights(centres: Tensor, key_len: int, sigma: float, implementati
                      f"choose from {IMPLEMENTATIONS}")
 
 
+@register("gaussian", options=HardcodedConfig, section="hardcoded",
+          archs={"hc-sa": Arch("gaussian", "gaussian"),
+                 "hc-all": Arch("gaussian", "gaussian", "gaussian"),
+                 "sh-x": Arch("gaussian", "gaussian", "dot", "last", 1)})
 class GaussianAttention(Attention):
     """Hard-coded attention for any component (self- or cross-attention)."""
 

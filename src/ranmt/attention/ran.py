@@ -33,6 +33,10 @@ Because the transition is row-wise, a layer only needs rows ``:T`` of ``A_{l-1}`
 
 from __future__ import annotations
 
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -42,10 +46,37 @@ from ranmt.attention.learned_matrix import (
     causal_softmax,
     xavier_per_head_,
 )
-from ranmt.config import RAN_INITS, RAN_TRANSITIONS
+from ranmt.attention.registry import Arch, check_dropout, register
 
-TRANSITIONS = RAN_TRANSITIONS  # the choices, written once in ranmt.config
-INITS = RAN_INITS
+RanTransition = Literal["paper", "no_ln_res", "released_code", "released_tanh",
+                        "released_relu", "released_ln_ffn"]
+RanInit = Literal["xavier_whole", "xavier_per_head"]
+TRANSITIONS: tuple[str, ...] = typing.get_args(RanTransition)
+INITS: tuple[str, ...] = typing.get_args(RanInit)
+
+
+@dataclass
+class RANConfig:
+    """Recurrent Attention options, config keys ``model.ran.*`` (paper 000)."""
+
+    transition: RanTransition = "paper"
+    """Recurrent Transition Module: paper (Eq. 3-4) | no_ln_res (Table 3) | the released
+    code's released_code (rec_func 0) | released_tanh (1) | released_relu (2) |
+    released_ln_ffn (3); formulas in the module docstring."""
+    init: RanInit = "xavier_whole"
+    """Initialisation of A_0: xavier_whole (one xavier-uniform over the (H, N, N) tensor, as
+    the authors' code) | xavier_per_head (each (N, N) head separately, 11x larger bound at
+    N = 256, H = 8)."""
+    fixed_initial: bool = False
+    """Keep the Initial Attention Matrices A_0 at their random init (Table 3 ablation)."""
+    released_hidden: int = 1024
+    """Hidden size of the released code's feed-forward transition."""
+    attention_dropout: float = 0.2
+    """Dropout on RAN's attention weights (the paper uses 0.2)."""
+
+    def validate(self) -> None:
+        check_dropout(self.attention_dropout)
+
 _FEED_FORWARD = ("released_code", "released_ln_ffn")
 
 
@@ -121,6 +152,9 @@ class RANShared(nn.Module):
                                 lambda: [causal_softmax(m) for m in self.matrices()])
 
 
+@register("ran", options=RANConfig, archs={"ran-e": Arch("ran", "dot"),
+                                           "ran-d": Arch("dot", "ran"),
+                                           "ran-all": Arch("ran", "ran")})
 class RecurrentAttention(LearnedMatrixAttention):
     """One layer's RAN self-attention: no W_q / W_k; the matrix comes from the shared module."""
 

@@ -32,13 +32,42 @@ the cache, where the decoder reorders it with the beams.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from ranmt.attention.base import AttentionSpec, AttnOutput, merge_heads, split_heads
 from ranmt.attention.dot_product import DotProductAttention
+from ranmt.attention.registry import register
 from ranmt.dropout import dropout
+
+ExpandKVVariant = Literal[1, 2, 3, 4]
+
+
+@dataclass
+class RecurrentCrossConfig:
+    """Recurrent cross-attention options, config keys ``model.recurrent_cross.*`` (paper 001,
+    Eq. 2-10); one section for all six variants."""
+
+    expand_kv_variant: ExpandKVVariant = 1
+    """expand-kv: which extra key/value pair, Eq. 5 (1), 6 (2), 7 (3) or 8 (4)."""
+    smooth_window: int = 5
+    """smooth-energy (Eq. 9): window half-width k."""
+    smooth_lambda: float = 0.5
+    """smooth-energy (Eq. 9): weight lambda of the current energies (1 = plain attention)."""
+    coverage_lambda: float = 0.5
+    """coverage-subtract (Eq. 10): lambda (0 = plain attention)."""
+
+    def validate(self) -> None:
+        if self.smooth_window < 0 or not 0.0 <= self.smooth_lambda <= 1.0:
+            raise ValueError("smooth_window must be >= 0 and smooth_lambda in [0, 1]")
+
+
+def _variant(name: str):
+    """Register a recurrent cross-attention class under ``name`` (all share one section)."""
+    return register(name, options=RecurrentCrossConfig, section="recurrent_cross")
 
 
 class RecurrentCrossAttention(DotProductAttention):
@@ -112,6 +141,7 @@ class RecurrentCrossAttention(DotProductAttention):
         return dropout(weights, self.dropout, self.training)
 
 
+@_variant("concat-prev-context")
 class ConcatPrevContext(RecurrentCrossAttention):
     """Eq. 2: the query sees the head's previous context vector."""
 
@@ -132,6 +162,7 @@ class ConcatPrevContext(RecurrentCrossAttention):
         return weights, context, {"context": context}
 
 
+@_variant("concat-prev-weight")
 class ConcatPrevWeight(RecurrentCrossAttention):
     """Eq. 3 (previous weight) and, with ``accumulate``, Eq. 4 (accumulated weights)."""
 
@@ -160,12 +191,14 @@ class ConcatPrevWeight(RecurrentCrossAttention):
         return weights_all, contexts, {"feature": feature}
 
 
+@_variant("concat-prev-accum-weight")
 class ConcatPrevAccumWeight(ConcatPrevWeight):
     """Eq. 4: the query sees how much each source position has been attended so far."""
 
     accumulate = True
 
 
+@_variant("expand-kv")
 class ExpandKeyValue(RecurrentCrossAttention):
     """Eq. 5-8: one extra key/value pair built from the previous context.
 
@@ -224,6 +257,7 @@ class ExpandKeyValue(RecurrentCrossAttention):
         return weights, context, {"heads": context, "full": full, "started": started}
 
 
+@_variant("smooth-energy")
 class SmoothEnergy(RecurrentCrossAttention):
     """Eq. 9: energies smoothed with the previous step's (window 2k+1), solved as a linear scan."""
 
@@ -252,6 +286,7 @@ class SmoothEnergy(RecurrentCrossAttention):
         return weights, contexts, {"smoothed": previous}
 
 
+@_variant("coverage-subtract")
 class CoverageSubtract(RecurrentCrossAttention):
     """Eq. 10: energies reduced in proportion to the attention each position already got."""
 
@@ -268,13 +303,3 @@ class CoverageSubtract(RecurrentCrossAttention):
         weights_all = torch.stack(weights, 2)
         contexts = self._dropout(weights_all) @ values  # one batched product for all steps
         return weights_all, contexts, {"coverage": coverage}
-
-
-VARIANTS = {
-    "concat-prev-context": ConcatPrevContext,
-    "concat-prev-weight": ConcatPrevWeight,
-    "concat-prev-accum-weight": ConcatPrevAccumWeight,
-    "expand-kv": ExpandKeyValue,
-    "smooth-energy": SmoothEnergy,
-    "coverage-subtract": CoverageSubtract,
-}

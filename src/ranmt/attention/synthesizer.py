@@ -7,6 +7,8 @@ masking as RAN; no recurrence, no W_q / W_k.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -16,8 +18,24 @@ from ranmt.attention.learned_matrix import (
     causal_softmax,
     xavier_per_head_,
 )
+from ranmt.attention.registry import Arch, check_dropout, register
 
 
+@dataclass
+class SynthesizerConfig:
+    """Random Synthesizer options, config keys ``model.synthesizer.*`` (Tay et al., 2020)."""
+
+    fixed: bool = False
+    """Keep the per-layer matrices at their random init (not trained)."""
+    attention_dropout: float = 0.1
+    """Dropout on the synthesizer's attention weights."""
+
+    def validate(self) -> None:
+        check_dropout(self.attention_dropout)
+
+
+@register("synthesizer", options=SynthesizerConfig,
+          archs={"syn-r": Arch("synthesizer", "synthesizer")})
 class RandomSynthesizerAttention(LearnedMatrixAttention):
     def __init__(self, spec: AttentionSpec):
         options = spec.options["synthesizer"]

@@ -234,8 +234,7 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
     share = cfg.share_embeddings and cfg.joint_vocab and cfg.src_vocab_size == cfg.tgt_vocab_size
     tgt_tokens = src_tokens if share else embedding(cfg.tgt_vocab_size)
 
-    options = {"ran": cfg.ran, "synthesizer": cfg.synthesizer, "hardcoded": cfg.hardcoded,
-               "recurrent_cross": cfg.recurrent_cross}
+    options = cfg.variant_options  # section -> options of every registered variant
 
     def attention_dropout(role: str) -> float:
         if role == "cross" and cfg.cross_attention_dropout >= 0:

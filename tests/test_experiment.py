@@ -91,7 +91,7 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
     config resolves and its model builds (counted on the meta device); nothing is written."""
     from pathlib import Path
 
-    from ranmt.plan import plan_experiment
+    from ranmt.experiment import plan_experiment
 
     root = Path(__file__).resolve().parent.parent
     files = sorted((root / "configs" / "experiments").glob("*.yaml"))
@@ -367,7 +367,7 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
     config is trained, and data that differs by one byte blocks the reuse."""
     import shutil
 
-    from ranmt.experiment import find_reusable_cell, load_experiment
+    from ranmt.experiment import Cell, find_reusable_cell, load_experiment
 
     path = _grid(tmp_path)
     main(["experiment", str(path), "--out", str(tmp_path / "first")])
@@ -402,31 +402,31 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
     experiment = load_experiment(second_path)
     dataset, baseline = experiment.datasets[0], experiment.variants[0]
     messages = []
-    assert find_reusable_cell(experiment, dataset, out / "data" / "reverse", baseline, 1,
-                              [tmp_path / "first"], messages.append) is not None
-    assert find_reusable_cell(experiment, dataset, altered, baseline, 1,
-                              [tmp_path / "first"], messages.append) is None
+    seed1, seed2 = Cell(experiment, dataset, baseline, 1), Cell(experiment, dataset, baseline, 2)
+    assert find_reusable_cell(seed1, out / "data" / "reverse", [tmp_path / "first"],
+                              messages.append) is not None
+    assert find_reusable_cell(seed1, altered, [tmp_path / "first"], messages.append) is None
     assert any("train.tgt.tokens.npy differs" in m for m in messages)
-    assert find_reusable_cell(experiment, dataset, out / "data" / "reverse", baseline, 2,
-                              [tmp_path / "first"], messages.append) is None  # other seed
+    assert find_reusable_cell(seed2, out / "data" / "reverse", [tmp_path / "first"],
+                              messages.append) is None  # other seed
 
 
-def test_warm_start_state_keeps_only_what_the_longer_training_would_hold():
+def testwarm_start_state_keeps_only_what_the_longer_training_would_hold():
     """The trainer state a warm-started cell takes over: the source's validations at the
     cell's own validation steps only; none when the source's best is not its last step or
     it skipped one of the cell's validations."""
-    from ranmt.experiment import _warm_start_state
+    from ranmt.experiment import warm_start_state
 
     validations = [{"step": s, "valid_loss": 5.0 - s / 100} for s in (10, 20, 30, 40)]
     trainer = {"step": 40, "best_step": 40, "best_bleu": -4.6, "bad_validations": 0,
                "validations": validations}
-    state = _warm_start_state(trainer, 20)
+    state = warm_start_state(trainer, 20)
     assert [v["step"] for v in state["validations"]] == [20, 40]
     assert state["best_step"] == 40 and state["bad_validations"] == 0
-    assert _warm_start_state(trainer, 40)["validations"] == [validations[3]]
-    assert _warm_start_state(trainer, 30) is None          # 40 is not a validation step of it
-    assert _warm_start_state({**trainer, "best_step": 30}, 10) is None  # best not at 40
-    assert _warm_start_state({**trainer, "validations": validations[1:]}, 10) is None
+    assert warm_start_state(trainer, 40)["validations"] == [validations[3]]
+    assert warm_start_state(trainer, 30) is None          # 40 is not a validation step of it
+    assert warm_start_state({**trainer, "best_step": 30}, 10) is None  # best not at 40
+    assert warm_start_state({**trainer, "validations": validations[1:]}, 10) is None
 
 
 def test_reuse_warm_starts_a_longer_training_and_ends_where_training_from_scratch_does(

@@ -43,16 +43,16 @@ from torch import Tensor
 
 from ranmt.data.batching import pad_sources
 from ranmt.decode import (
-    _best_candidates,
-    _caps_with_prefix,
-    _constrain_rows,
-    _Finished,
-    _next_beams,
-    _select_candidates,
-    _store_finished,
+    Finished,
+    best_candidates,
+    caps_with_prefix,
+    constrain_rows,
     length_penalty,
+    next_beams,
     output_caps,
     prefix_lengths,
+    select_candidates,
+    store_finished,
 )
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID
 
@@ -78,7 +78,7 @@ class _Sentences:
     """(n, group) beam scores (greedy search, sampling: (n, 1) summed log-probs)."""
     history: Tensor
     """(rows, L) tokens written so far, token t of a row at column t."""
-    finished: _Finished | None
+    finished: Finished | None
     """Beam search: up to ``beam`` finished hypotheses per sentence (+ a spare slot)."""
     prev: Tensor
     """(rows, 1) the token each row feeds at its next step."""
@@ -256,7 +256,7 @@ class ContinuousDecoder:
                 prefix[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             prefix = prefix.to(device)
         caps = output_caps(src, self.max_len_a, self.max_len_b, self.limit, self.fixed_length)
-        caps = _caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)
+        caps = caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)
         memory, pad_mask, _ = model.encode(src)
         cache = model.init_cache(memory, pad_mask, group=group)
         _set_positions(cache, torch.zeros(count * group, dtype=torch.long, device=device), 1)
@@ -265,7 +265,7 @@ class ContinuousDecoder:
         scores = torch.zeros(count, group, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive
         capacity = int(caps.max()) + 1
-        finished = _Finished(count, group + 1, capacity, device) if group > 1 else None
+        finished = Finished(count, group + 1, capacity, device) if group > 1 else None
         state = _Sentences(
             [ticket for ticket, _, _, _ in waiting], [gen for _, _, _, gen in waiting],
             torch.zeros(count, dtype=torch.long, device=device), caps, prefix, scores,
@@ -280,7 +280,7 @@ class ContinuousDecoder:
         state, group = self.sentences, self.beam
         row_steps = state.steps.repeat_interleave(group)
         prefix = None if state.prefix is None else state.prefix.repeat_interleave(group, 0)
-        _constrain_rows(logprobs, row_steps, self.fixed_length,
+        constrain_rows(logprobs, row_steps, self.fixed_length,
                         state.caps.repeat_interleave(group), prefix)
         return row_steps
 
@@ -289,13 +289,13 @@ class ContinuousDecoder:
         :func:`ranmt.decode.beam_search` with each sentence at its own step."""
         state, beam = self.sentences, self.beam
         row_steps = self._constrain(logprobs)
-        top_scores, top_beams, top_tokens = _best_candidates(logprobs, state.scores, beam)
-        ends, extends, slots = _select_candidates(top_scores, top_tokens,
+        top_scores, top_beams, top_tokens = best_candidates(logprobs, state.scores, beam)
+        ends, extends, slots = select_candidates(top_scores, top_tokens,
                                                   state.finished.counts, beam)
         if bool(ends.any()):
             steps = state.steps[:, None]
             penalty = length_penalty(steps.double() + 1, self.lenpen, self.lenpen_style)
-            _store_finished(state.finished, ends, slots, top_scores, top_beams, state.history,
+            store_finished(state.finished, ends, slots, top_scores, top_beams, state.history,
                             steps, penalty.to(top_scores.dtype), beam)
         keep = state.finished.counts.lt(beam) & extends.any(1)  # (n,)
         done = [(state.tickets[i], self._nbest(i)) for i in (~keep).nonzero()[:, 0].tolist()]
@@ -303,7 +303,7 @@ class ContinuousDecoder:
         if kept.numel() == 0:
             self.sentences = self.cache = None
             return done
-        picked, next_scores = _next_beams(extends, top_scores, beam)
+        picked, next_scores = next_beams(extends, top_scores, beam)
         rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked[kept])).view(-1)
         tokens = top_tokens[kept].gather(1, picked[kept]).view(-1)
         self.model.reorder_cache(self.cache, rows)
@@ -402,10 +402,10 @@ def _prefix_or_none(state: _Sentences) -> Tensor:
                       device=state.steps.device)
 
 
-def _finished_from(part) -> _Finished:
-    """A :class:`ranmt.decode._Finished` whose tensors are ``part(name)`` for each of its
+def _finished_from(part) -> Finished:
+    """A :class:`ranmt.decode.Finished` whose tensors are ``part(name)`` for each of its
     scores, tokens, lengths and counts (a selection or a merge of others)."""
-    finished = _Finished.__new__(_Finished)
+    finished = Finished.__new__(Finished)
     for name in ("scores", "tokens", "lengths", "counts"):
         setattr(finished, name, part(name))
     return finished

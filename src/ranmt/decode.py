@@ -66,7 +66,7 @@ def greedy_search_reference(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
     cache = model.init_cache(memory, pad_mask)
     batch = src.shape[0]
     caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)  # (B,)
-    caps = _caps_with_prefix(caps, prefix_lengths(prefix, batch, src.device), limit)
+    caps = caps_with_prefix(caps, prefix_lengths(prefix, batch, src.device), limit)
     everyone = torch.arange(batch, device=src.device)
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=src.device)
     tokens = torch.zeros(batch, 0, dtype=torch.long, device=src.device)
@@ -126,7 +126,7 @@ def prefix_lengths(prefix: Tensor | None, batch: int, device) -> Tensor:
     return prefix.ne(PAD_ID).sum(1)
 
 
-def _caps_with_prefix(caps: Tensor, prefix_len: Tensor, limit: int) -> Tensor:
+def caps_with_prefix(caps: Tensor, prefix_len: Tensor, limit: int) -> Tensor:
     """Output length limits raised to the prefix length (checked against ``limit``)."""
     if bool(prefix_len.gt(limit).any()):
         raise ValueError(f"a target prefix of {int(prefix_len.max())} tokens is longer than "
@@ -179,7 +179,7 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     batch = src.shape[0]
     memory, pad_mask, _ = model.encode(src)
     caps_all = output_caps(src, max_len_a, max_len_b, limit, fixed_length)
-    caps_all = _caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
+    caps_all = caps_with_prefix(caps_all, prefix_lengths(prefix, batch, device), limit)
     # Every sentence has `beam` decoder rows: row b*beam + k is beam k of sentence b; the
     # memory side of the cache stays per sentence where the cross-attention allows it.
     cache = model.init_cache(memory, pad_mask, group=beam)
@@ -272,7 +272,7 @@ def _start(model: Seq2Seq, src: Tensor, max_len_a: float, max_len_b: int,
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = model.encode(src)
     caps = output_caps(src, max_len_a, max_len_b, limit, fixed_length)
-    caps = _caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
+    caps = caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
     capacity = int(caps.max()) + 1
     return caps, capacity, model.init_cache(memory, pad_mask, group=group, capacity=capacity)
 
@@ -344,7 +344,7 @@ def row_topk(scores: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     return top, ids.gather(1, where)
 
 
-def _best_candidates(logprobs: Tensor, beam_scores: Tensor, beam: int
+def best_candidates(logprobs: Tensor, beam_scores: Tensor, beam: int
                      ) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's best 2k extensions, best first: (scores, beam index, token), each
     (n, 2k), of log-probs (n*beam, V) added to ``beam_scores`` (n, beam). As in the
@@ -370,7 +370,7 @@ def _first_beams(batch: int, beam: int, capacity: int, device) -> tuple[Tensor, 
     return beam_scores, history, prev
 
 
-class _Finished:
+class Finished:
     """Up to ``beam`` finished hypotheses per sentence, in the order they finished:
     scores (B, beam) (length-normalised), tokens (B, beam, capacity), lengths, counts."""
 
@@ -400,7 +400,7 @@ class _Finished:
         return results
 
 
-def _select_candidates(top_scores: Tensor, top_tokens: Tensor, finished_before: Tensor,
+def select_candidates(top_scores: Tensor, top_tokens: Tensor, finished_before: Tensor,
                        beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """Which of each sentence's best 2k candidates (n, 2k), best first, are taken.
 
@@ -417,7 +417,7 @@ def _select_candidates(top_scores: Tensor, top_tokens: Tensor, finished_before: 
     return taken & is_eos, taken & ~is_eos, slot
 
 
-def _next_beams(extends: Tensor, top_scores: Tensor, beam: int) -> tuple[Tensor, Tensor]:
+def next_beams(extends: Tensor, top_scores: Tensor, beam: int) -> tuple[Tensor, Tensor]:
     """Candidate index (n, beam) of each sentence's next beams: its extending candidates in
     order, padded with copies of the last one at score -inf; and their scores (n, beam)."""
     width = extends.shape[1]
@@ -447,7 +447,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     device, batch = src.device, src.shape[0]
     caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                        prefix, group=beam)  # caps (B,)
-    finished = _Finished(batch, beam, capacity, device)
+    finished = Finished(batch, beam, capacity, device)
     active = torch.arange(batch, device=device)  # sentence ids still decoding
     beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
     for step in range(capacity):
@@ -455,10 +455,10 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         rows_sentences = active.repeat_interleave(beam)
         _constrain(logprobs, step, fixed_length, caps_all[rows_sentences], prefix,
                    rows_sentences)
-        top_scores, top_beams, top_tokens = _best_candidates(logprobs, beam_scores, beam)
+        top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
 
         counts = finished.counts[active]  # (n,) finished hypotheses before this step
-        ends, extends, slots = _select_candidates(top_scores, top_tokens, counts, beam)
+        ends, extends, slots = select_candidates(top_scores, top_tokens, counts, beam)
         if bool(ends.any()):
             rows, cols = ends.nonzero(as_tuple=True)
             penalty = length_penalty(step + 1, lenpen, lenpen_style)
@@ -469,7 +469,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         keep = (counts < beam) & extends.any(1)
         if not bool(keep.any()):
             break
-        picked, next_scores = _next_beams(extends, top_scores, beam)
+        picked, next_scores = next_beams(extends, top_scores, beam)
         kept = keep.nonzero().squeeze(1)
         picked, beam_scores = picked[kept], next_scores[kept]
         rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked)).view(-1)
@@ -484,7 +484,7 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
 # ------------------------------------------------------------------------------ sync-free
 
 
-def _constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | None,
+def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | None,
                     caps: Tensor, prefix: Tensor | None) -> None:
     """:func:`_constrain` for every row at once, without reading a device value on the host:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
@@ -538,7 +538,7 @@ def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (B, V)
-        _constrain_rows(logprobs, step, fixed_length, caps, prefix)
+        constrain_rows(logprobs, step, fixed_length, caps, prefix)
         best_score, best = logprobs.max(dim=-1)  # (B,)
         live = lengths.eq(capacity)
         scores += best_score.masked_fill(~live, 0.0)
@@ -579,26 +579,26 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     device, batch = src.device, src.shape[0]
     caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                        prefix, group=beam)  # caps (B,)
-    finished = _Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
+    finished = Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
     row_caps = caps_all.repeat_interleave(beam)  # (B*beam,)
     row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
     beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
     for step in range(capacity):
         logprobs = model.decode_step(prev, cache)  # (B*beam, V)
-        _constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
-        top_scores, top_beams, top_tokens = _best_candidates(logprobs, beam_scores, beam)
+        constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
+        top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
 
-        ends, extends, slots = _select_candidates(top_scores, top_tokens, finished.counts,
+        ends, extends, slots = select_candidates(top_scores, top_tokens, finished.counts,
                                                   beam)
-        _store_finished(finished, ends, slots, top_scores, top_beams, history, step,
+        store_finished(finished, ends, slots, top_scores, top_beams, history, step,
                         length_penalty(step + 1, lenpen, lenpen_style), beam)
         keep = finished.counts.lt(beam) & extends.any(1)  # (B,)
         if (step + 1) % check_every == 0 and not bool(keep.any()):
             break
         # A done sentence takes no candidate (its slots are full, or none was finite), so
-        # _next_beams gives it -inf beam scores: it stays done without a mask.
-        picked, beam_scores = _next_beams(extends, top_scores, beam)  # (B, beam)
+        # next_beams gives it -inf beam scores: it stays done without a mask.
+        picked, beam_scores = next_beams(extends, top_scores, beam)  # (B, beam)
         rows = (first_row + top_beams.gather(1, picked)).view(-1)  # within each sentence
         model.reorder_cache(cache, rows, within_groups=True)
         history = history.index_select(0, rows)
@@ -607,7 +607,7 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     return finished.nbest(nbest)
 
 
-def _store_finished(finished: _Finished, ends: Tensor, slots: Tensor, top_scores: Tensor,
+def store_finished(finished: Finished, ends: Tensor, slots: Tensor, top_scores: Tensor,
                     top_beams: Tensor, history: Tensor, step: int | Tensor,
                     penalty: float | Tensor, beam: int) -> None:
     """Write the finishing candidates ``ends`` (B, 2k) of every sentence into their slots

@@ -167,7 +167,7 @@ class _ServedModels:
                                        name)
             # One decoding before serving: the first call's one-off costs (weight packing,
             # allocator warm-up) are not paid by the first requests.
-            await loop.run_in_executor(self.executor, _warm_up, translator)
+            await loop.run_in_executor(self.executor, warm_up, translator)
             if isinstance(self.batchers[name], StepBatcher):
                 await self.batchers[name].start()  # its decoding worker, when a process
         self.workers.extend(asyncio.create_task(b.run()) for b in self.batchers.values())
@@ -543,7 +543,7 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
     return entries
 
 
-def _warm_up(translator: Translator) -> None:
+def warm_up(translator: Translator) -> None:
     """Decode one short input with the model (beneath the Translator: not a request)."""
     from ranmt.decode import search
 

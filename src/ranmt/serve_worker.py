@@ -288,13 +288,13 @@ def _context():
 
 def _worker_main(connection, load: dict) -> None:
     """The worker process: load the model, then take lines and step while it holds any."""
-    from ranmt.serve import _warm_up
+    from ranmt.serve import warm_up
     from ranmt.translator import Translator
 
     with contextlib.suppress(OSError):
         os.nice(5)
     translator = Translator.load(**load)
-    _warm_up(translator)
+    warm_up(translator)
     lines = LineDecoding(translator)
     connection.send(("ready",))
     steps = 0  # since the last report

@@ -52,9 +52,18 @@ class Hypothesis:
     """(source word, target word) pairs, 0-based, when asked for."""
 
 
+def device_kind(name: str) -> str:
+    """``cuda`` or ``cpu``: what a ``device`` setting means (``auto``: cuda when available
+    here). Unlike :func:`pick_device`, a CUDA name is no error on a machine without one:
+    for reading configs recorded on other machines."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if name.startswith("cuda") else "cpu"
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(device_kind(name))
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device '{name}' requested but CUDA is not available")
     return torch.device(name)

@@ -59,11 +59,9 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_experiment(args) -> None:
-    from ranmt.experiment import run_experiment
+    from ranmt.experiment import plan_experiment, run_experiment
 
     if args.dry_run:
-        from ranmt.plan import plan_experiment
-
         plan_experiment(args.config, out=args.out, log=print)
         return
     try:

@@ -187,7 +187,7 @@ def available() -> dict[str, list[str]]:
     return pairs
 
 
-def _task(year: str, pair: str) -> tuple[Task, str]:
+def find_task(year: str, pair: str) -> tuple[Task, str]:
     """The task of ``pair`` (either direction) and its non-English language."""
     langs = pair.split("-")
     if len(langs) != 2 or "en" not in langs or langs[0] == langs[1]:
@@ -384,7 +384,7 @@ def download_wmt(year: str, pair: str, out: str | Path, source: str | Path | Non
                  log=print) -> dict:
     """Fetch and extract the ``year`` task of ``pair`` (e.g. "wmt14", "en-de") into
     ``out``; return {"train": [prefixes], "valid": prefix, "tests": {name: prefix}}."""
-    task, other = _task(year, pair)
+    task, other = find_task(year, pair)
     src, tgt = pair.split("-")
     out = Path(out)
     sources = [Path(source)] if source else []

@@ -1,9 +1,10 @@
 """``ranmt experiment CONFIG.yaml``: a grid of datasets x variants x seeds, end to end
 (docs/EXPERIMENTS.md is the user manual).
 
-Rooms: :mod:`.spec` (the grid and its cell paths), :mod:`.cells` (prepare, train, decode and
-score one cell; locks), :mod:`.reuse` (reused and warm-started cells), :mod:`.tables` and
-:mod:`.results` (tables, curves, results files). :func:`run_experiment` walks the grid.
+Rooms: :mod:`.spec` (the grid, and :class:`Cell`: one cell's folders, config and result),
+:mod:`.cells` (prepare, train, decode and score one cell; locks), :mod:`.reuse` (reused
+and warm-started cells), :mod:`.tables` and :mod:`.results` (tables, curves, results
+files), :mod:`.plan` (``--dry-run``). :func:`run_experiment` walks the grid.
 """
 
 from __future__ import annotations
@@ -17,41 +18,31 @@ from ranmt.checkpoint import step_checkpoints
 from ranmt.config import ConfigError
 from ranmt.experiment.cells import (
     CellInterrupted,
-    _cell_config,
-    _prepare_once,
     claim,
     prepare_dataset,
+    prepare_once,
     release,
     run_cell,
 )
+from ranmt.experiment.plan import plan_experiment
 from ranmt.experiment.results import write_comparison, write_results
 from ranmt.experiment.reuse import (
-    _warm_start_if_possible,
-    _warm_start_state,
     adopt_cell,
     expected_cell_config,
     find_reusable_cell,
     find_warm_start,
     warm_start,
+    warm_start_if_possible,
+    warm_start_state,
 )
-from ranmt.experiment.spec import (
-    WORK_ENV,
-    Dataset,
-    Experiment,
-    Variant,
-    _cell_dir,
-    _check_variant_names,
-    _run_dir,
-    _select,
-    load_experiment,
-)
+from ranmt.experiment.spec import WORK_ENV, Cell, Dataset, Experiment, Variant, load_experiment
 from ranmt.experiment.tables import build_tables, compare_over_seeds, significance_marks
 
-__all__ = ["CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV", "adopt_cell",
-           "build_tables", "compare_over_seeds", "expected_cell_config", "find_reusable_cell",
-           "find_warm_start", "load_experiment", "prepare_dataset", "run_cell",
-           "run_experiment", "significance_marks", "warm_start", "write_comparison",
-           "write_results", "_cell_config", "_warm_start_state"]
+__all__ = ["Cell", "CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV",
+           "adopt_cell", "build_tables", "compare_over_seeds", "expected_cell_config",
+           "find_reusable_cell", "find_warm_start", "load_experiment", "plan_experiment",
+           "prepare_dataset", "run_cell", "run_experiment", "significance_marks", "warm_start",
+           "warm_start_state", "write_comparison", "write_results"]
 
 
 def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
@@ -74,7 +65,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     cell's checkpoint is saved and its lock released; the cell is not recorded as finished.
     """
     experiment = load_experiment(path)
-    _check_variant_names(experiment, "--baseline", baselines)
+    experiment.check_variant_names("--baseline", baselines)
     extra_baselines = [b for b in baselines or [] if b != experiment.baseline]
     reuse_from = [Path(folder) for folder in reuse_from or []]
     for folder in reuse_from:
@@ -84,54 +75,56 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         experiment.out = Path(out)
     work = work or os.environ.get(WORK_ENV) or None
     experiment.work = Path(work).expanduser().resolve() if work else None
-    root = experiment.out
-    root.mkdir(parents=True, exist_ok=True)
-    # Seed-major: every variant's first seed runs before any second seed, so that a grid
-    # cut short still compares every variant.
-    grid = [(d, v, s) for d in experiment.datasets for s in experiment.seeds
-            for v in experiment.variants]
-    selected = [] if tables_only else _select(experiment, grid, variants, seeds)
+    experiment.out.mkdir(parents=True, exist_ok=True)
+    grid = experiment.cells()
+    selected = [] if tables_only else experiment.select(variants, seeds)
     durations, elsewhere = [], []
-    for index, (dataset, variant, seed) in enumerate(selected, 1):
-        data_dir = _prepare_once(dataset, root, log)
-        cell_dir = _cell_dir(experiment, dataset.name, variant.name, seed)
-        cell_file = cell_dir / "cell.json"
-        label = f"cell {index}/{len(selected)}: {dataset.name} / {variant.name} / seed {seed}"
-        if cell_file.is_file():
-            log(f"{label}: done, reusing {cell_file}")
+    for index, cell in enumerate(selected, 1):
+        data_dir = prepare_once(cell.dataset, experiment.out, log)
+        label = f"cell {index}/{len(selected)}: {cell.label}"
+        if cell.finished:
+            log(f"{label}: done, reusing {cell.file}")
             continue
-        if not claim(cell_dir / "lock"):
+        if not claim(cell.lock):
             log(f"{label}: another worker is running it, skipping")
             elsewhere.append(label)
             continue
         try:
-            if cell_file.is_file():  # finished by another worker just before we claimed it
+            if cell.finished:  # finished by another worker just before we claimed it
                 continue
             remaining = len(selected) - index + 1
             eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
                    f"{remaining} cells left (this worker)" if durations else "")
-            reusable = find_reusable_cell(experiment, dataset, data_dir, variant, seed,
-                                          reuse_from, log) if reuse_from else None
-            if reusable is not None:
-                adopt_cell(*reusable, dataset, variant, cell_dir)
-                log(f"{label}: the same training as the finished cell {reusable[0]}, "
-                    "reused (nothing trained)")
-            else:
-                run_dir = _run_dir(experiment, dataset.name, variant.name, seed)
-                if reuse_from and not step_checkpoints(run_dir):
-                    found = _warm_start_if_possible(experiment, data_dir, variant, seed,
-                                                    reuse_from, run_dir, log)
-                    if found is not None:
-                        log(f"{label}: warm start from {found[0]} (step {found[1]['step']}, "
-                            "a step of this very training)")
+            if not _reuse_or_warm_start(cell, data_dir, reuse_from, label, log):
                 log(f"{label}: running{eta}")
                 start = time.monotonic()
-                run_cell(experiment, dataset, data_dir, variant, seed, cell_dir, log)
+                run_cell(cell, data_dir, log)
                 durations.append(time.monotonic() - start)
         finally:
-            release(cell_dir / "lock")
+            release(cell.lock)
         write_results(experiment, grid, log, extra_baselines)
     if elsewhere:
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
     return write_results(experiment, grid, log, extra_baselines)
+
+
+def _reuse_or_warm_start(cell: Cell, data_dir: Path, reuse_from: list[Path], label: str,
+                         log) -> bool:
+    """With ``--reuse``: True when a finished cell of another grid is this very training
+    and was copied in (nothing to train); else False, after seeding the cell's run folder
+    from another grid's step checkpoint when one is on this training's path."""
+    if not reuse_from:
+        return False
+    reusable = find_reusable_cell(cell, data_dir, reuse_from, log)
+    if reusable is not None:
+        adopt_cell(*reusable, cell)
+        log(f"{label}: the same training as the finished cell {reusable[0]}, reused "
+            "(nothing trained)")
+        return True
+    if not step_checkpoints(cell.run_dir):
+        found = warm_start_if_possible(cell, data_dir, reuse_from, log)
+        if found is not None:
+            log(f"{label}: warm start from {found[0]} (step {found[1]['step']}, a step of "
+                "this very training)")
+    return False

@@ -12,14 +12,14 @@ import socket
 import time
 from pathlib import Path
 
-from ranmt.config import ConfigError, load_config, to_dict
+from ranmt.config import ConfigError, to_dict
 from ranmt.data.corpus import load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
-from ranmt.experiment.spec import Dataset, Experiment, Variant, _run_dir
+from ranmt.experiment.spec import Cell, Dataset
 from ranmt.train import train
 from ranmt.translator import Translator
 
@@ -57,7 +57,7 @@ def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
     return prepared
 
 
-def _prepare_once(dataset: Dataset, root: Path, log) -> Path:
+def prepare_once(dataset: Dataset, root: Path, log) -> Path:
     """prepare_dataset under a lock, so that concurrent workers prepare a dataset once."""
     lock = root / "data" / f"{dataset.name}.lock"
     while not claim(lock):
@@ -74,25 +74,15 @@ class CellInterrupted(KeyboardInterrupt):
     """Training stopped on a signal: the cell is saved for resume, not finished."""
 
 
-def _cell_config(experiment: Experiment, variant: Variant, seed: int):
-    """The training config of one cell: base config, grid overrides, variant, seed."""
-    overrides = {**experiment.overrides, **variant.overrides,
-                 "train.seed": seed}
-    return load_config(experiment.base_config, {k: str(v) for k, v in overrides.items()})
-
-
-def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: Variant,
-             seed: int, cell_dir: Path, log) -> dict:
+def run_cell(cell: Cell, data_dir: Path, log) -> dict:
     """Train (or resume) one cell, decode and score every test set; write cell.json."""
-    cfg = _cell_config(experiment, variant, seed)
     started = time.monotonic()
-    run_dir = _run_dir(experiment, dataset.name, variant.name, seed)
-    summary = train(cfg, data_dir, run_dir)
+    run_dir, cell_dir, dataset = cell.run_dir, cell.dir, cell.dataset
+    summary = train(cell.config(), data_dir, run_dir)
     if str(summary.get("stop_reason", "")).endswith("received"):
         raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
                               "the checkpoint is saved, rerun `ranmt experiment` to resume")
-    decode = {k: v for k, v in experiment.decode.items()}
-    translator = Translator.load(run_dir, **decode)
+    translator = Translator.load(run_dir, **cell.experiment.decode)
     meta = load_meta(data_dir)
     metrics = TASK_METRICS[dataset.task]
     tests = {}
@@ -110,19 +100,19 @@ def run_cell(experiment: Experiment, dataset: Dataset, data_dir: Path, variant: 
                        "sentences_per_s": len(hyps) / seconds,
                        "target_tokens_per_s": target_tokens / seconds})
         tests[test] = result
-    cell = {"dataset": dataset.name, "variant": variant.name, "seed": seed,
-            "checkpoint": str(translator.checkpoint_dir), "train": summary,
-            "parameters": summary["parameters"], "tests": tests,
-            "config": to_dict(translator.config),
-            "wall_seconds": time.monotonic() - started}
+    result = {"dataset": dataset.name, "variant": cell.variant.name, "seed": cell.seed,
+              "checkpoint": str(translator.checkpoint_dir), "train": summary,
+              "parameters": summary["parameters"], "tests": tests,
+              "config": to_dict(translator.config),
+              "wall_seconds": time.monotonic() - started}
     warm_file = run_dir / "warm_start.json"
     if warm_file.is_file():  # steps 1..N came from another grid's cell (find_warm_start)
-        cell["warm_started_from"] = json.loads(warm_file.read_text(encoding="utf-8"))
+        result["warm_started_from"] = json.loads(warm_file.read_text(encoding="utf-8"))
     log_file = run_dir / "train.log"
     if log_file.is_file():  # the run folder is not kept in git; the log is small
         shutil.copyfile(log_file, cell_dir / "train.log")
-    (cell_dir / "cell.json").write_text(json.dumps(cell, indent=1), encoding="utf-8")
-    return cell
+    cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
 
 
 def _pid_alive(pid: int) -> bool:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from ranmt.experiment.cells import _prepare_once
-from ranmt.experiment.spec import Experiment, _cell_dir, _git_commit, _run_dir
+from ranmt.experiment.cells import prepare_once
+from ranmt.experiment.spec import Cell, Experiment, git_commit
 from ranmt.experiment.tables import build_tables
 
 _VALIDATE_LINE = re.compile(r"^validate step (\d+):.*?valid_bleu ([\d.]+)", re.MULTILINE)
@@ -23,8 +23,8 @@ def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, floa
     history = cell["train"].get("validations")
     if history:
         return [(v["step"], v["valid_bleu"]) for v in history if "valid_bleu" in v]
-    cell_dir = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
-    run_dir = _run_dir(experiment, cell["dataset"], cell["variant"], cell["seed"])
+    names = (cell["dataset"], cell["variant"], cell["seed"])
+    cell_dir, run_dir = experiment.cell_dir(*names), experiment.run_dir(*names)
     for log_file in (cell_dir / "train.log", run_dir / "train.log"):
         if log_file.is_file():
             points = {int(step): float(bleu) for step, bleu in
@@ -71,23 +71,13 @@ def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path
     return True
 
 
-def _read_cells(experiment: Experiment, grid: list) -> list[dict]:
-    """Every finished cell of the grid on disk (written by any worker), in grid order."""
-    cells = []
-    for dataset, variant, seed in grid:
-        cell_file = _cell_dir(experiment, dataset.name, variant.name, seed) / "cell.json"
-        if cell_file.is_file():
-            cells.append(json.loads(cell_file.read_text(encoding="utf-8")))
-    return cells
-
-
 def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
                      log=print) -> Path:
     """results.vs-BASELINE.md|json: the test tables against another variant of the grid."""
     markdown, results = build_tables(replace(experiment, baseline=baseline), cells)
     markdown = (f"> Every difference and mark here is against **{baseline}**; the grid's "
                 f"baseline is {experiment.baseline} (results.md).\n\n" + markdown)
-    results.update({"baseline": baseline, "commit": _git_commit(),
+    results.update({"baseline": baseline, "commit": git_commit(),
                     "experiment_file": str(experiment.path)})
     path = experiment.out / f"results.vs-{baseline}.md"
     _write_markdown_and_json(path, markdown, results)
@@ -102,21 +92,22 @@ def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) 
                                                   encoding="utf-8")
 
 
-def write_results(experiment: Experiment, grid: list, log=print,
+def write_results(experiment: Experiment, grid: list[Cell], log=print,
                   extra_baselines: list[str] | None = None) -> dict:
-    """(Re)write results.md and results.json from the finished cells on disk, and a
-    comparison against each of ``extra_baselines`` (:func:`write_comparison`)."""
-    cells = _read_cells(experiment, grid)
+    """(Re)write results.md and results.json from the finished cells of ``grid`` on disk
+    (written by any worker), and a comparison against each of ``extra_baselines``
+    (:func:`write_comparison`)."""
+    cells = [cell.result() for cell in grid if cell.finished]
     for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
         if any(c["dataset"] == dataset.name for c in cells):
-            _prepare_once(dataset, experiment.out, log)
+            prepare_once(dataset, experiment.out, log)
     for baseline in extra_baselines or []:
         write_comparison(experiment, cells, baseline, log)
     markdown, results = build_tables(experiment, cells)
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
                     "`ranmt experiment` to complete the grid.\n\n" + markdown)
-    results.update({"commit": _git_commit(), "experiment_file": str(experiment.path),
+    results.update({"commit": git_commit(), "experiment_file": str(experiment.path),
                     "experiment_config": yaml.safe_load(experiment.path.read_text()),
                     "complete": len(cells) == len(grid), "cells": cells})
     root = experiment.out

@@ -15,9 +15,9 @@ import torch
 
 from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
 from ranmt.config import decode_with, fill_config_from_data, to_dict
-from ranmt.experiment.cells import _cell_config
-from ranmt.experiment.spec import Dataset, Experiment, Variant, _source_run_dir
+from ranmt.experiment.spec import Cell, source_run_dir
 from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
+from ranmt.translator import device_kind
 
 # Prepared-data files that decide what a cell learns from (the tokenizers and the token
 # ids of the training and validation text); a reused cell must have been trained on
@@ -56,33 +56,30 @@ def _comparable_config(config: dict, precision: str | None = None) -> dict:
     return config
 
 
-def _device(name: str) -> torch.device:
-    cuda = name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
-    return torch.device("cuda" if cuda else "cpu")
-
-
 def _recorded_config(cell: dict) -> dict:
     """A finished cell's comparable config, with the precision it trained in (cells from
     before the precision was recorded: what ``auto`` meant then)."""
     train_config = cell["config"].get("train", {})
+    device = torch.device(device_kind(train_config.get("device", "auto")))
     precision = cell.get("train", {}).get("precision") or legacy_precision(
-        train_config.get("precision", "auto"), _device(train_config.get("device", "auto")))
+        train_config.get("precision", "auto"), device)
     return _comparable_config(cell["config"], precision)
 
 
-def expected_cell_config(experiment: Experiment, variant: Variant, seed: int,
-                         data_dir: Path) -> dict:
+def expected_cell_config(cell: Cell, data_dir: Path) -> dict:
     """The config a cell of this grid would record in cell.json (see :func:`run_cell`):
     its training config with what ``data_dir`` decides filled in as training does, and
     the grid's decoding options."""
-    cfg = _cell_config(experiment, variant, seed)
+    cfg = cell.config()
     fill_config_from_data(cfg, data_dir)
     # the grid's decode options that are DecodeConfig fields (others, e.g. device, go to
     # Translator.load and are not recorded in the config)
-    cfg.decode = decode_with(cfg.decode, **{key: value for key, value in experiment.decode.items()
+    cfg.decode = decode_with(cfg.decode, **{key: value
+                                            for key, value in cell.experiment.decode.items()
                                             if hasattr(cfg.decode, key)})
     try:
-        precision = resolve_precision(cfg.train.precision, _device(cfg.train.device))[0]
+        device = torch.device(device_kind(cfg.train.device))
+        precision = resolve_precision(cfg.train.precision, device)[0]
     except PrecisionError:
         precision = cfg.train.precision  # the cell itself will say why it cannot run
     return _comparable_config(to_dict(cfg), precision)
@@ -112,8 +109,7 @@ def _finished_cells(sources: list[Path], seed: int):
                 yield Path(source), cell_file, cell
 
 
-def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
-                       variant: Variant, seed: int, sources: list[Path],
+def find_reusable_cell(cell: Cell, data_dir: Path, sources: list[Path],
                        log) -> tuple[Path, dict] | None:
     """A finished cell of another grid (its output folder in ``sources``) that is the very
     training this cell would run: same seed, same resolved config (training, model and
@@ -122,39 +118,39 @@ def find_reusable_cell(experiment: Experiment, dataset: Dataset, data_dir: Path,
 
     Training is deterministic on a given machine for a given config and seed, so such a
     cell is what this one would compute; reusing it saves its training time."""
-    expected = expected_cell_config(experiment, variant, seed, data_dir)
-    for source, cell_file, cell in _finished_cells(sources, seed):
-        if _recorded_config(cell) != expected:
+    expected = expected_cell_config(cell, data_dir)
+    tests = list(cell.dataset.tests)
+    for source, cell_file, found in _finished_cells(sources, cell.seed):
+        if _recorded_config(found) != expected:
             continue
-        if any(test not in cell["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
-               for test in dataset.tests):
-            log(f"not reusing {cell_file.parent}: it lacks hypotheses for one of "
-                f"{list(dataset.tests)}")
+        if any(test not in found["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
+               for test in tests):
+            log(f"not reusing {cell_file.parent}: it lacks hypotheses for one of {tests}")
             continue
-        difference = _same_data(data_dir, source / "data" / cell["dataset"],
-                                list(dataset.tests))
+        difference = _same_data(data_dir, source / "data" / found["dataset"], tests)
         if difference is not None:
             log(f"not reusing {cell_file.parent}: its prepared data cannot be shown "
                 f"identical ({difference})")
             continue
-        return cell_file.parent, cell
+        return cell_file.parent, found
     return None
 
 
-def adopt_cell(source_dir: Path, cell: dict, dataset: Dataset, variant: Variant,
-               cell_dir: Path) -> dict:
-    """Copy a reusable cell (:func:`find_reusable_cell`) into this grid: its hypotheses for
-    this dataset's test sets, its train.log and its cell.json, which names the source."""
+def adopt_cell(source_dir: Path, found: dict, cell: Cell) -> dict:
+    """Copy a reusable cell (:func:`find_reusable_cell`: its folder and cell.json) into
+    this grid's ``cell``: its hypotheses for this dataset's test sets, its train.log and its
+    cell.json, which names the source."""
+    cell_dir = cell.dir
     cell_dir.mkdir(parents=True, exist_ok=True)
     tests = {}
-    for test in dataset.tests:
+    for test in cell.dataset.tests:
         shutil.copyfile(source_dir / f"{test}.hyp", cell_dir / f"{test}.hyp")
-        tests[test] = {**cell["tests"][test], "hyp_file": str(cell_dir / f"{test}.hyp")}
+        tests[test] = {**found["tests"][test], "hyp_file": str(cell_dir / f"{test}.hyp")}
     if (source_dir / "train.log").is_file():
         shutil.copyfile(source_dir / "train.log", cell_dir / "train.log")
-    adopted = {**cell, "dataset": dataset.name, "variant": variant.name, "tests": tests,
-               "reused_from": str(source_dir)}
-    (cell_dir / "cell.json").write_text(json.dumps(adopted, indent=1), encoding="utf-8")
+    adopted = {**found, "dataset": cell.dataset.name, "variant": cell.variant.name,
+               "tests": tests, "reused_from": str(source_dir)}
+    cell.file.write_text(json.dumps(adopted, indent=1), encoding="utf-8")
     return adopted
 
 
@@ -172,7 +168,7 @@ def _without_budget(config: dict) -> dict:
     return config
 
 
-def _warm_start_state(trainer: dict, validate_every: int) -> dict | None:
+def warm_start_state(trainer: dict, validate_every: int) -> dict | None:
     """The trainer state this cell's own training would hold at the checkpoint's step, or
     None when it would differ: the cell validates every ``validate_every`` steps, so the
     source must have validated at each of those steps (it may have validated more often;
@@ -188,8 +184,8 @@ def _warm_start_state(trainer: dict, validate_every: int) -> dict | None:
     return {**trainer, "validations": kept, "bad_validations": 0}
 
 
-def find_warm_start(experiment: Experiment, data_dir: Path, variant: Variant, seed: int,
-                    sources: list[Path], log) -> tuple[Path, dict] | None:
+def find_warm_start(cell: Cell, data_dir: Path, sources: list[Path],
+                    log) -> tuple[Path, dict] | None:
     """A step checkpoint of another grid's cell that this cell's training passes through:
     same seed, same resolved config except the budget keys (``_BUDGET_KEYS``: e.g. the
     converged grid's cells are the 1,000-step grid's cells trained on), byte-identical
@@ -198,21 +194,21 @@ def find_warm_start(experiment: Experiment, data_dir: Path, variant: Variant, se
 
     Training is deterministic and resumes exactly, so resuming from that checkpoint gives
     the model this cell would have trained from scratch, without the steps' time."""
-    cfg = _cell_config(experiment, variant, seed)
+    cfg = cell.config()
     if not cfg.train.validate_every or cfg.train.max_epochs:
         return None  # epoch-budgeted or unvalidated runs: keep it simple, train from scratch
-    expected = _without_budget(expected_cell_config(experiment, variant, seed, data_dir))
-    for source, cell_file, cell in _finished_cells(sources, seed):
-        if _without_budget(_recorded_config(cell)) != expected:
+    expected = _without_budget(expected_cell_config(cell, data_dir))
+    for source, cell_file, found in _finished_cells(sources, cell.seed):
+        if _without_budget(_recorded_config(found)) != expected:
             continue
-        if _same_data(data_dir, source / "data" / cell["dataset"], []) is not None:
+        if _same_data(data_dir, source / "data" / found["dataset"], []) is not None:
             continue
-        source_run = _source_run_dir(source, cell_file.parent, experiment.work)
+        source_run = source_run_dir(source, cell_file.parent, cell.experiment.work)
         for checkpoint in reversed(step_checkpoints(source_run)):
             trainer = read_meta(checkpoint).get("trainer", {})
             if cfg.train.max_steps and trainer.get("step", 0) > cfg.train.max_steps:
                 continue
-            state = _warm_start_state(trainer, cfg.train.validate_every)
+            state = warm_start_state(trainer, cfg.train.validate_every)
             if state is not None:
                 return checkpoint, state
         log(f"not warm-starting from {cell_file.parent}: none of its step checkpoints is "
@@ -246,14 +242,13 @@ def warm_start(checkpoint: Path, state: dict, cfg_dict: dict, run_dir: Path) -> 
                        "is above); this cell resumes from that checkpoint\n")
 
 
-def _warm_start_if_possible(experiment: Experiment, data_dir: Path, variant: Variant, seed: int,
-                            sources: list[Path], run_dir: Path,
-                            log) -> tuple[Path, dict] | None:
-    """:func:`find_warm_start` and, where it finds a checkpoint, :func:`warm_start`;
-    returns what it found."""
-    found = find_warm_start(experiment, data_dir, variant, seed, sources, log)
+def warm_start_if_possible(cell: Cell, data_dir: Path, sources: list[Path],
+                           log) -> tuple[Path, dict] | None:
+    """:func:`find_warm_start` and, where it finds a checkpoint, :func:`warm_start` into the
+    cell's run folder; returns what it found."""
+    found = find_warm_start(cell, data_dir, sources, log)
     if found is not None:
-        cfg = _cell_config(experiment, variant, seed)
+        cfg = cell.config()
         fill_config_from_data(cfg, data_dir)
-        warm_start(*found, to_dict(cfg), run_dir)
+        warm_start(*found, to_dict(cfg), cell.run_dir)
     return found

@@ -1,18 +1,20 @@
 """The grid a YAML file describes: :class:`Experiment` (datasets x variants x seeds, the
 shared overrides, decoding and significance settings), :class:`Dataset`, loading with
-clear errors, and where each cell lives (``runs/DATASET/VARIANT/seedN/``, its run folder
-inside it or under ``--work``). The file format is documented in docs/EXPERIMENTS.md.
+clear errors, and :class:`Cell`, one dataset x variant x seed of it: where it lives
+(``runs/DATASET/VARIANT/seedN/``, its run folder inside it or under ``--work``), its
+training config and its result. The file format is documented in docs/EXPERIMENTS.md.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ranmt.config import ConfigError
+from ranmt.config import Config, ConfigError, load_config
 
 # Environment variable naming the work folder (``ranmt experiment --work``).
 WORK_ENV = "RANMT_WORK_DIR"
@@ -62,6 +64,91 @@ class Experiment:
         # a YAML mapping {name, overrides} becomes a Variant
         self.variants = [v if isinstance(v, Variant) else Variant(**v) for v in self.variants]
 
+    def cells(self) -> list[Cell]:
+        """Every cell of the grid, seed-major: every variant's first seed comes before any
+        second seed, so that a grid cut short still compares every variant."""
+        return [Cell(self, d, v, s) for d in self.datasets for s in self.seeds
+                for v in self.variants]
+
+    def cell_dir(self, dataset: str, variant: str, seed: int) -> Path:
+        """A cell's folder (cell.json, hypotheses, train.log) by names."""
+        return self.out / "runs" / dataset / variant / f"seed{seed}"
+
+    def run_dir(self, dataset: str, variant: str, seed: int) -> Path:
+        """Where a cell trains (checkpoints, trainer state, train.log): ``<cell>/run``
+        beside its cell.json, or under the work folder when one is set
+        (:func:`work_run_dir`)."""
+        cell_dir = self.cell_dir(dataset, variant, seed)
+        if self.work is None:
+            return cell_dir / "run"
+        return work_run_dir(self.work, self.out, cell_dir.relative_to(self.out))
+
+    def check_variant_names(self, option: str, requested: list[str] | None) -> None:
+        """ConfigError when ``requested`` (the names given to ``option``) are not all
+        variants of the grid."""
+        names = [v.name for v in self.variants]
+        unknown = sorted(set(requested or []) - set(names))
+        if unknown:
+            raise ConfigError(f"{option}: {unknown} not in the grid; its variants are {names}")
+
+    def select(self, variants: list[str] | None, seeds: list[int] | None) -> list[Cell]:
+        """The cells this worker runs (``--variants`` / ``--seeds``), in grid order."""
+        self.check_variant_names("--variants", variants)
+        missing = sorted(set(seeds or []) - set(self.seeds))
+        if missing:
+            raise ConfigError(f"--seeds: {missing} not in the grid's seeds {self.seeds}")
+        return [cell for cell in self.cells() if (not variants or cell.variant.name in variants)
+                and (not seeds or cell.seed in seeds)]
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """One dataset x variant x seed of a grid: its folders, its training config and (once
+    finished) its result, ``cell.json``."""
+
+    experiment: Experiment
+    dataset: Dataset
+    variant: Variant
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset.name} / {self.variant.name} / seed {self.seed}"
+
+    @property
+    def dir(self) -> Path:
+        """cell.json, the hypotheses (``TEST.hyp``) and train.log."""
+        return self.experiment.cell_dir(self.dataset.name, self.variant.name, self.seed)
+
+    @property
+    def run_dir(self) -> Path:
+        """Checkpoints and trainer state (see :meth:`Experiment.run_dir`)."""
+        return self.experiment.run_dir(self.dataset.name, self.variant.name, self.seed)
+
+    @property
+    def file(self) -> Path:
+        return self.dir / "cell.json"
+
+    @property
+    def lock(self) -> Path:
+        """Held by the worker training the cell (``cells.claim``)."""
+        return self.dir / "lock"
+
+    @property
+    def finished(self) -> bool:
+        return self.file.is_file()
+
+    def result(self) -> dict:
+        """The finished cell's cell.json."""
+        return json.loads(self.file.read_text(encoding="utf-8"))
+
+    def config(self) -> Config:
+        """The training config of the cell: base config, grid overrides, variant, seed."""
+        overrides = {**self.experiment.overrides, **self.variant.overrides,
+                     "train.seed": self.seed}
+        return load_config(self.experiment.base_config,
+                           {k: str(v) for k, v in overrides.items()})
+
 
 def load_experiment(path: str | Path) -> Experiment:
     path = Path(path)
@@ -107,7 +194,8 @@ def load_experiment(path: str | Path) -> Experiment:
         alpha=float(raw.get("alpha", 0.05)), path=path)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's commit (recorded in results.json), None outside git."""
     try:
         result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent, timeout=10)
@@ -116,48 +204,16 @@ def _git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
-def _cell_dir(experiment: Experiment, dataset: str, variant: str, seed: int) -> Path:
-    return experiment.out / "runs" / dataset / variant / f"seed{seed}"
-
-
-def _work_run_dir(work: Path, out: Path, cell_path: Path) -> Path:
+def work_run_dir(work: Path, out: Path, cell_path: Path) -> Path:
     """A run folder under the work folder: ``WORK/<out's folder name>/runs/<dataset>/
     <variant>/seed<N>/run``, so that two checkouts of one grid share their run folders."""
     return work / out.resolve().name / cell_path / "run"
 
 
-def _run_dir(experiment: Experiment, dataset: str, variant: str, seed: int) -> Path:
-    """Where a cell trains (checkpoints, trainer state, train.log): ``<cell>/run`` beside
-    its cell.json, or under the work folder when one is set (:func:`_work_run_dir`)."""
-    cell_dir = _cell_dir(experiment, dataset, variant, seed)
-    if experiment.work is None:
-        return cell_dir / "run"
-    return _work_run_dir(experiment.work, experiment.out, cell_dir.relative_to(experiment.out))
-
-
-def _source_run_dir(source: Path, cell_dir: Path, work: Path | None) -> Path:
+def source_run_dir(source: Path, cell_dir: Path, work: Path | None) -> Path:
     """The run folder of a finished cell of another grid (``--reuse``): beside it, else
     under the work folder."""
     beside = cell_dir / "run"
     if work is None or beside.is_dir():
         return beside
-    return _work_run_dir(work, source, cell_dir.relative_to(source))
-
-
-def _check_variant_names(experiment: Experiment, option: str, requested: list[str] | None):
-    """ConfigError when ``requested`` (the names given to ``option``) are not all variants."""
-    names = [v.name for v in experiment.variants]
-    unknown = sorted(set(requested or []) - set(names))
-    if unknown:
-        raise ConfigError(f"{option}: {unknown} not in the grid; its variants are {names}")
-
-
-def _select(experiment: Experiment, grid: list, variants: list[str] | None,
-            seeds: list[int] | None) -> list:
-    """The cells of ``grid`` this worker runs (``--variants`` / ``--seeds``)."""
-    _check_variant_names(experiment, "--variants", variants)
-    missing = sorted(set(seeds or []) - set(experiment.seeds))
-    if missing:
-        raise ConfigError(f"--seeds: {missing} not in the grid's seeds {experiment.seeds}")
-    return [(d, v, s) for d, v, s in grid if (not variants or v.name in variants)
-            and (not seeds or s in seeds)]
+    return work_run_dir(work, source, cell_dir.relative_to(source))

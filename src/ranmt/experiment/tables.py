@@ -15,7 +15,7 @@ from ranmt.evaluate import (
     paired_bootstrap,
     significance_marks,
 )
-from ranmt.experiment.spec import Dataset, Experiment, _cell_dir
+from ranmt.experiment.spec import Dataset, Experiment
 
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
              "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
@@ -38,7 +38,7 @@ def _format(mean: float, std: float | None) -> str:
 def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
     """A cell's hypotheses for ``test``, from its cell directory (so that a results folder
     that was moved or checked out elsewhere still works), else the recorded path."""
-    path = _cell_dir(experiment, cell["dataset"], cell["variant"], cell["seed"]) / f"{test}.hyp"
+    path = experiment.cell_dir(cell["dataset"], cell["variant"], cell["seed"]) / f"{test}.hyp"
     if not path.is_file():
         path = Path(cell["tests"][test]["hyp_file"])
     return path.read_text(encoding="utf-8").split("\n")[:-1]

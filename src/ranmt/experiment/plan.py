@@ -14,14 +14,15 @@ on a laptop before the first hour of GPU time is spent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ranmt.config import ConfigError
+import torch
+
+from ranmt.config import ConfigError, fill_config_from_data
 from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
-
-if TYPE_CHECKING:  # the experiment package imports torch; the plan imports it lazily
-    from ranmt.experiment.spec import Variant
+from ranmt.data.wmt import available, find_task
+from ranmt.experiment.spec import Cell, load_experiment
+from ranmt.model import build_model, count_parameters
 
 
 def _dataset_notes(dataset, root: Path) -> list[str]:
@@ -31,14 +32,12 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
         name = spec.get("dataset", "multi30k")
         if name == "multi30k":
             return [f"downloads multi30k {spec.get('pair', f'{dataset.src}-{dataset.tgt}')}"]
-        from ranmt.data.wmt import _task, available
-
         if name not in available():
             raise ConfigError(f"dataset {dataset.name}: cannot download '{name}' (available: "
                               f"multi30k, {', '.join(available())})")
         pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
         try:
-            task, _ = _task(name, pair)
+            task, _ = find_task(name, pair)
         except DownloadError as err:
             raise ConfigError(f"dataset {dataset.name}: {err}") from None
         return [f"downloads {name} {pair}: train {', '.join(c.name for c in task.train)}; "
@@ -55,18 +54,13 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
     return notes
 
 
-def _cell_plan(experiment, dataset, variant: Variant, seed: int, root: Path,
-               parameters: int | None = None) -> dict:
+def _cell_plan(cell: Cell, root: Path, parameters: int | None = None) -> dict:
     """One cell's resolved config and model size (ConfigError names the cell);
     ``parameters`` given: the model of another seed of the variant (the seed changes no
     shape), not built again."""
-    from ranmt.config import fill_config_from_data
-    from ranmt.experiment import _cell_config
-    from ranmt.model import build_model, count_parameters
-
-    label = f"{dataset.name} / {variant.name} / seed {seed}"
+    dataset, variant, seed, label = cell.dataset, cell.variant, cell.seed, cell.label
     try:
-        cfg = _cell_config(experiment, variant, seed)
+        cfg = cell.config()
         prepared = root / "data" / dataset.name
         if (prepared / "meta.json").is_file():
             fill_config_from_data(cfg, prepared)
@@ -74,8 +68,6 @@ def _cell_plan(experiment, dataset, variant: Variant, seed: int, root: Path,
             cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = dataset.vocab_size
             cfg.model.joint_vocab = dataset.joint
         if parameters is None:
-            import torch
-
             with torch.device("meta"):  # shapes only: no memory, no initialisation cost
                 parameters = count_parameters(build_model(cfg.model))["total"]
     except (ConfigError, ValueError, KeyError, TypeError) as err:
@@ -91,8 +83,6 @@ def _cell_plan(experiment, dataset, variant: Variant, seed: int, root: Path,
 
 def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) -> dict:
     """Check every cell of the grid ``path`` and print its plan; return it."""
-    from ranmt.experiment import load_experiment
-
     experiment = load_experiment(path)
     if out is not None:
         experiment.out = Path(out)
@@ -111,7 +101,7 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
         for variant in experiment.variants:
             for seed in experiment.seeds:
                 known = sizes.get(variant.name, {}).get("parameters")
-                cell = _cell_plan(experiment, dataset, variant, seed, root, known)
+                cell = _cell_plan(Cell(experiment, dataset, variant, seed), root, known)
                 plan["cells"].append(cell)
                 sizes.setdefault(variant.name, cell)
         log(f"{'variant':<14} {'arch':<8} {'parameters':>12} {'tokens/step/rank':>17} "

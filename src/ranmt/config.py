@@ -623,23 +623,6 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
         yaml.safe_dump(to_dict(cfg), handle, sort_keys=False)
 
 
-def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
-    """Set what the prepared data decides (its folder, vocabulary sizes, and what a variant's
-    ``fill_from_data`` takes, e.g. HC-ALL's gamma unless given) in ``cfg``, from
-    ``data_dir/meta.json``."""
-    from ranmt.data.corpus import load_meta  # numpy and json only: no torch
-
-    meta = load_meta(data_dir)
-    cfg.data.dir = str(data_dir)
-    cfg.model.src_vocab_size = meta["src_vocab_size"]
-    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
-    cfg.model.joint_vocab = bool(meta["joint_vocab"])
-    for options in cfg.model.variant_options.values():
-        fill = getattr(options, "fill_from_data", None)
-        if fill is not None:
-            fill(meta)
-
-
 def check_sampling(topk: int, topp: float, epsilon: float, temperature: float,
                    prefix: str = "") -> None:
     """The ranges of the sampling settings (``ranmt.sampling.Sampler`` and decode.*)."""

@@ -38,7 +38,6 @@ from ranmt.checkpoint import (
 from ranmt.config import (
     Config,
     decode_with,
-    fill_config_from_data,
     from_dict,
     parse_duration,
     save_yaml,
@@ -52,7 +51,13 @@ from ranmt.data.batching import (
     padding_share,
     rank_plan,
 )
-from ranmt.data.corpus import EncodedSplit, SubsetSequences, load_split, raw_text
+from ranmt.data.corpus import (
+    EncodedSplit,
+    SubsetSequences,
+    fill_config_from_data,
+    load_split,
+    raw_text,
+)
 from ranmt.data.vocab import Vocab
 from ranmt.distributed import (
     all_reduce_sum,

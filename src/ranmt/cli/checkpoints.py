@@ -80,7 +80,7 @@ def _cmd_info(args) -> None:
     else:
         cfg = load_config(args.config, args.overrides)
         if args.data:
-            from ranmt.config import fill_config_from_data
+            from ranmt.data.corpus import fill_config_from_data
 
             fill_config_from_data(cfg, args.data)  # as training does (gamma included)
         else:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -38,6 +39,9 @@ from ranmt.data.stream import (
 )
 from ranmt.data.text import read_lines
 from ranmt.data.vocab import Vocab, train_sentencepiece_file
+
+if TYPE_CHECKING:
+    from ranmt.config import Config
 
 
 class PrepareError(ValueError):
@@ -139,6 +143,22 @@ def load_meta(data_dir: str | Path) -> dict:
         raise FileNotFoundError(f"{path} not found: is {data_dir} a directory written by "
                                 "`ranmt prepare`?")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def fill_config_from_data(cfg: Config, data_dir: str | Path) -> None:
+    """Set what the prepared data decides in a ``ranmt.config.Config``: its folder, the
+    vocabulary sizes, and what a variant's ``fill_from_data`` takes (e.g. HC-ALL's gamma
+    unless given), from ``data_dir/meta.json``. The one way a config is filled from data
+    (training, ``ranmt info --data``, the grids' dry runs and reuse checks)."""
+    meta = load_meta(data_dir)
+    cfg.data.dir = str(data_dir)
+    cfg.model.src_vocab_size = meta["src_vocab_size"]
+    cfg.model.tgt_vocab_size = meta["tgt_vocab_size"]
+    cfg.model.joint_vocab = bool(meta["joint_vocab"])
+    for options in cfg.model.variant_options.values():
+        fill = getattr(options, "fill_from_data", None)
+        if fill is not None:
+            fill(meta)
 
 
 def raw_text(data_dir: str | Path, split: str, side: str) -> list[str]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from ranmt.config import ConfigError, fill_config_from_data
+from ranmt.config import ConfigError
+from ranmt.data.corpus import fill_config_from_data
 from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
 from ranmt.data.wmt import available, find_task

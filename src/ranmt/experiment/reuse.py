@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
-from ranmt.config import decode_with, fill_config_from_data, to_dict
+from ranmt.config import decode_with, to_dict
+from ranmt.data.corpus import fill_config_from_data
 from ranmt.experiment.spec import Cell, source_run_dir
 from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
 from ranmt.translator import device_kind

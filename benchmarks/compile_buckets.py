@@ -24,7 +24,7 @@ import torch
 import torch._dynamo
 
 from ranmt.config import load_config
-from ranmt.train import train
+from ranmt.training.train import train
 
 
 def run(config: str, data: str, buckets: str, compiled: bool, epochs: int, steps: int,

@@ -35,7 +35,7 @@ import torch
 from ranmt.benchmark import load_systems
 from ranmt.data.batching import pad_sources
 from ranmt.data.corpus import raw_text
-from ranmt.decode import search
+from ranmt.inference.decode import search
 
 
 def _sources(args, translator) -> list[list[int]]:

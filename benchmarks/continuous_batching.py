@@ -1,4 +1,4 @@
-"""Step-level batching (``ranmt.continuous``) against the shrinking beam search, in one
+"""Step-level batching (``ranmt.inference.continuous``) against the shrinking beam search, in one
 process, on the same lines: throughput, step time, and what ``join_wait`` and the capacity
 change.
 
@@ -24,8 +24,8 @@ import torch
 from ranmt.benchmark import synchronize
 from ranmt.data.batching import pad_sources
 from ranmt.data.corpus import raw_text
-from ranmt.decode import search
-from ranmt.translator import Translator
+from ranmt.inference.decode import search
+from ranmt.inference.translator import Translator
 
 
 def shrinking(translator, lines: list[list[int]], beam: int, capacity: int) -> float:

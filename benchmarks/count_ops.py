@@ -4,8 +4,8 @@ A ``base`` step on a GPU at 16k tokens is launch-bound (docs/PERFORMANCE.md "On 
 the host spends longer issuing kernels than the GPU spends running them. Every aten
 operator that computes (not a view: ``view``, ``t``, ``transpose``, ``expand``, ...) is a
 kernel launch on a GPU, and the count is the same on any device, so it is measured here on
-the CPU with a ``TorchDispatchMode`` (``ranmt.host_syncs.SyncCounter``): forward, loss +
-backward, optimizer, each precision as :class:`ranmt.precision.PrecisionPolicy` runs it on
+the CPU with a ``TorchDispatchMode`` (``ranmt.runtime.host_syncs.SyncCounter``): forward, loss +
+backward, optimizer, each precision as :class:`ranmt.runtime.precision.PrecisionPolicy` runs it on
 ``--policy-device`` (cuda: plain bf16 autocast; cpu: with bf16 residual streams), and each
 Adam implementation (``single``: one tensor at a time, the CPU default; ``foreach``: the
 CUDA default before the policy; ``fused``: one kernel, what the policy picks on CUDA).
@@ -23,9 +23,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ranmt.config import load_config
-from ranmt.loss import label_smoothed_loss
 from ranmt.model import build_model
-from ranmt.precision import PrecisionPolicy, bf16_activations
+from ranmt.runtime.precision import PrecisionPolicy, bf16_activations
+from ranmt.training.loss import label_smoothed_loss
 
 VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
          "permute", "as_strided", "alias", "detach", "slice", "select", "split",

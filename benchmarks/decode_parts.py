@@ -25,10 +25,10 @@ import time
 
 import torch
 
-import ranmt.decode as decode
+import ranmt.inference.decode as decode
 from ranmt.config import load_config
-from ranmt.memory import retain_freed_memory
 from ranmt.model import EOS_ID, build_model
+from ranmt.runtime.memory import retain_freed_memory
 
 
 def _timed(owner, attribute: str, label: str, totals: collections.Counter) -> None:

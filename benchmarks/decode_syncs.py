@@ -2,7 +2,7 @@
 
 On a GPU every host read of a device value (``bool(tensor)``, ``.item()``, ``nonzero()``,
 boolean-mask indexing, ...) makes the host wait for the device: each one stalls the GPU.
-This script counts them with :class:`ranmt.host_syncs.SyncCounter` for
+This script counts them with :class:`ranmt.runtime.host_syncs.SyncCounter` for
 
 * ``reference``: the reference searches (the tests' oracle);
 * ``shrinking``: the fast searches, finished sentences leave the batch (the CPU default);
@@ -35,12 +35,12 @@ import torch
 
 from ranmt.benchmark import load_systems, synchronize
 from ranmt.data.batching import pad_sources
-from ranmt.decode import search
-from ranmt.host_syncs import SyncCounter
+from ranmt.inference.decode import search
+from ranmt.runtime.host_syncs import SyncCounter
 
 
 def modes(check_every: list[int]) -> dict[str, dict]:
-    """Mode name -> keyword arguments of :func:`ranmt.decode.search`."""
+    """Mode name -> keyword arguments of :func:`ranmt.inference.decode.search`."""
     table = {"reference": {"reference": True}, "shrinking": {"sync_free": False}}
     for k in check_every:
         table[f"sync-free/{k}"] = {"sync_free": True, "check_every": k}

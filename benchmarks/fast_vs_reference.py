@@ -6,7 +6,7 @@ initialised model of ``--preset`` (per ``--arch``):
 * ``reference``: the reference searches (growing caches, per-sentence Python bookkeeping)
   with PyTorch's default CPU matrix products (``F.linear``: MKL);
 * ``reference+oneDNN``: the same searches, linear layers through oneDNN with prepacked
-  weights (``ranmt.packed``);
+  weights (``ranmt.runtime.packed``);
 * ``fast``: the fast searches (static caches, fused projections, tensorised bookkeeping)
   with oneDNN, what ``ranmt translate`` runs.
 
@@ -27,10 +27,10 @@ import time
 import numpy as np
 import torch
 
-from ranmt import packed
 from ranmt.benchmark import load_systems
 from ranmt.data.batching import pad_sources
-from ranmt.decode import search
+from ranmt.inference.decode import search
+from ranmt.runtime import packed
 
 CONFIGURATIONS = {"reference": (True, False), "reference+oneDNN": (True, True),
                   "fast": (False, True)}  # name -> (reference search, oneDNN)

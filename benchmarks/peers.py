@@ -5,7 +5,7 @@ Joey NMT 2.3.0 (speed issue, part 3). Not part of the test suite.
 batches, with the same beam size, length penalty and length cap, with
 
 * ranmt TransF (``--transf``, a trained TransF checkpoint) and, if given, ranmt RAN-ALL
-  (``--ran``), each through ``ranmt.decode.search``;
+  (``--ran``), each through ``ranmt.inference.decode.search``;
 * CTranslate2 (float32, ``intra_threads`` = ``--threads``) on the TransF checkpoint exported
   with ``ranmt export --format ctranslate2`` (built in memory, written to ``--out``);
 * Hugging Face ``generate`` on the same checkpoint as a Marian model (``build_marian``; a
@@ -75,10 +75,10 @@ import torch
 
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
-from ranmt.decode import search
+from ranmt.inference.decode import search
+from ranmt.inference.translator import Translator
 from ranmt.model import EOS_ID, PAD_ID
-from ranmt.precision import cpu_description
-from ranmt.translator import Translator
+from ranmt.runtime.precision import cpu_description
 
 # ------------------------------------------------------------------------------ decoding
 
@@ -122,7 +122,7 @@ def _ct2_system(translator: Translator, path: Path, beam: int, lenpen: float, ma
 
 def _hf_system(translator: Translator, beam: int, lenpen: float, max_len: int,
                fixed_length: int | None):
-    from ranmt.export import ExportError, build_marian
+    from ranmt.inference.export import ExportError, build_marian
 
     try:
         marian = build_marian(translator.model, translator.config)
@@ -162,7 +162,7 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
             raise SystemExit("--ran and --transf must share the source vocabulary")
 
     def ct2(compute_type: str):
-        from ranmt.export import export_ctranslate2
+        from ranmt.inference.export import export_ctranslate2
 
         path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
         return _ct2_system(transf, path, *settings, args.threads, compute_type)

@@ -27,8 +27,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import load_split
-from ranmt.decode import search
-from ranmt.translator import Translator
+from ranmt.inference.decode import search
+from ranmt.inference.translator import Translator
 
 
 def decoder_macs_per_token(config) -> dict[str, int]:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="every hypothesis exactly this many tokens (EOS forced there)")
     args = parser.parse_args(argv)
     if args.reference:
-        from ranmt import packed
+        from ranmt.runtime import packed
 
         packed.set_enabled(False)
     encoded = load_split(args.data, args.split)

@@ -8,14 +8,14 @@ steps of each and writes the per-op tables (self CPU time) to ``--out``.
 
 Precision modes: ``fp32``; ``bf16-autocast`` (``torch.autocast("cpu", torch.bfloat16)``
 around the forward); and ``bf16`` (what the trainer does: the same autocast with bf16
-residual streams, ``ranmt.precision.bf16_activations``). ``--compile`` adds
+residual streams, ``ranmt.runtime.precision.bf16_activations``). ``--compile`` adds
 ``fp32-compiled`` and ``bf16-compiled``: the same steps with the model's forward through
 ``torch.compile`` (inductor; backward by AOTAutograd), as ``train.compile=true`` does; the
 one-off compile time (the warm-up steps) is printed apart. ``--fast-masks`` adds
 ``fp32+fast`` and ``bf16+fast``: the same steps with ``train.dropout_masks=fast``
-(``ranmt.dropout``). All modes use the trainer's fused
-loss (``ranmt.loss``) and, unless ``--default-allocator``, its malloc tuning
-(``ranmt.memory``).
+(``ranmt.runtime.dropout``). All modes use the trainer's fused
+loss (``ranmt.training.loss``) and, unless ``--default-allocator``, its malloc tuning
+(``ranmt.runtime.memory``).
 
     python benchmarks/profile_train.py --arch transf ran-all --out docs/performance
     python benchmarks/profile_train.py --arch transf ran-all --compile --no-profile
@@ -34,11 +34,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ranmt.config import load_config
-from ranmt.dropout import fast_masks
-from ranmt.memory import retain_freed_memory
 from ranmt.model import build_model
-from ranmt.precision import PrecisionPolicy
-from ranmt.train import label_smoothed_loss
+from ranmt.runtime.dropout import fast_masks
+from ranmt.runtime.memory import retain_freed_memory
+from ranmt.runtime.precision import PrecisionPolicy
+from ranmt.training.train import label_smoothed_loss
 
 MODES = ("fp32", "bf16-autocast", "bf16")
 COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
@@ -66,7 +66,7 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
     src, tgt = src.to(device), tgt.to(device)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    # fp32, bf16: as the trainer runs them (ranmt.precision.PrecisionPolicy: on a CPU bf16
+    # fp32, bf16: as the trainer runs them (ranmt.runtime.precision.PrecisionPolicy: on a CPU bf16
     # residual streams too); bf16-autocast: autocast alone
     plain_autocast = precision == "bf16-autocast"
 
@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fast-masks", action="store_true",
                    help="also time fp32 and bf16 steps with train.dropout_masks=fast")
     p.add_argument("--default-allocator", action="store_true",
-                   help="leave glibc's malloc as it is (the trainer tunes it, ranmt.memory)")
+                   help="leave glibc's malloc as it is (the trainer tunes it, "
+                        "ranmt.runtime.memory)")
     args = p.parse_args(argv)
     if args.device == "cpu" and not args.default_allocator:
         retain_freed_memory()

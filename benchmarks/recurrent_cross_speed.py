@@ -25,7 +25,7 @@ import torch
 from ranmt.config import load_config
 from ranmt.data.batching import batch_from_split, collate, make_batches
 from ranmt.model import build_model
-from ranmt.train import label_smoothed_loss
+from ranmt.training.train import label_smoothed_loss
 
 SYSTEMS = [
     ("dot", {}),

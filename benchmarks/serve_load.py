@@ -56,8 +56,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.serve_launcher import launch_server
-from ranmt.translator import Translator
+from ranmt.inference.translator import Translator
+from ranmt.serving.launcher import launch_server
 
 MODES = {"dynamic": [], "batch-level": ["--batching", "batch"],
          "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}

@@ -135,7 +135,7 @@ def reverse_data(tmp_path_factory) -> Path:
 def reverse_run(reverse_data, tmp_path_factory) -> Path:
     """The tiny model trained 600 steps on the reverse task (about 25 s on 2 cores; test
     BLEU 99.8 with beam 4 on an AMD EPYC Zen 4): a trained checkpoint for the tests."""
-    from ranmt.train import train
+    from ranmt.training.train import train
 
     run = tmp_path_factory.mktemp("reverse_run") / "run"
     cfg = load_config(None, {
@@ -177,6 +177,6 @@ def runs(reverse_data, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def translators(runs):
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
     return {name: Translator.load(path, device="cpu") for name, path in runs.items()}

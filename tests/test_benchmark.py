@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ranmt.cli import main
-from ranmt.precision import cpu_description
+from ranmt.runtime.precision import cpu_description
 
 
 def test_benchmark_tiny_writes_outputs(tmp_path, capsys):
@@ -78,7 +78,7 @@ def test_benchmark_bf16_decoding_and_training_rows(tmp_path):
 
 @pytest.mark.parametrize("masks", ["torch", "fast"])
 def test_benchmark_training_rows_use_the_dropout_masks_asked_for(tmp_path, monkeypatch, masks):
-    import ranmt.dropout as dropout_module
+    import ranmt.runtime.dropout as dropout_module
 
     drawn = []
     original = dropout_module.keep_mask
@@ -105,7 +105,7 @@ def test_speeds_are_the_work_done_over_the_time_taken(monkeypatch):
 
     import ranmt.benchmark as benchmark
     from conftest import tiny_model
-    from ranmt.decode import search
+    from ranmt.inference.decode import search
 
     model, cfg = tiny_model(seed=0)
     sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [15]]

@@ -9,18 +9,18 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from conftest import random_batch, tiny_model
-from ranmt import precision as precision_module
 from ranmt.attention import REGISTRY
 from ranmt.config import load_config
-from ranmt.loss import label_smoothed_loss
-from ranmt.precision import (
+from ranmt.runtime import precision as precision_module
+from ranmt.runtime.precision import (
     PrecisionError,
     bf16_activations,
     cpu_bf16_support,
     legacy_precision,
     resolve_precision,
 )
-from ranmt.train import train
+from ranmt.training.loss import label_smoothed_loss
+from ranmt.training.train import train
 
 CPU = torch.device("cpu")
 ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -172,7 +172,7 @@ DECODERS = ([{"model.decoder.self_attention": name} for name in
 def test_bf16_fast_decoding_equals_the_bf16_reference(overrides):
     """The fast decoder in bf16 (packed bf16 linears, static caches) against the reference
     path in bf16: the same hypotheses, scores within bf16 rounding."""
-    from ranmt.decode import search
+    from ranmt.inference.decode import search
 
     model, _ = tiny_model(seed=5, **overrides)
     model = model.to(torch.bfloat16)
@@ -189,7 +189,7 @@ def test_bf16_fast_decoding_equals_the_bf16_reference(overrides):
 
 
 def test_bf16_translator_needs_native_bf16_and_no_int8(runs, monkeypatch):
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
     monkeypatch.setattr(precision_module, "cpu_bf16_support", lambda: (False, "no bf16 here"))
     with pytest.raises(ValueError, match="no bf16 here"):

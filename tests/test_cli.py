@@ -70,7 +70,7 @@ def test_translate_long_line_is_an_error_naming_the_line(untrained_run, tmp_path
 @pytest.mark.parametrize("argv,message", [
     (["--beam", "0"], "--beam must be >= 1"),
     (["--batch-size", "-1"], "--batch-size must be >= 1"),
-    (["--max-len-b", "-3"], "non-negative"),
+    (["--max-len-b", "-3"], "--max-len-b must be >= 0, not -3"),
 ])
 def test_impossible_decoding_options(untrained_run, argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -125,7 +125,7 @@ def test_save_load_translate_is_identical(arch, reverse_data, tmp_path):
 
     from ranmt.data.corpus import load_meta
     from ranmt.data.vocab import Vocab
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
     meta = load_meta(reverse_data)
     cfg = tiny_config(**{"model.arch": arch, "model.src_vocab_size": meta["src_vocab_size"],

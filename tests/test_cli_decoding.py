@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ranmt.cli import main
-from ranmt.translator import Translator
+from ranmt.inference.translator import Translator
 
 LINES = ["a b c d", "e f", "g h i j k", "l"]
 
@@ -70,7 +70,7 @@ def test_sampling_reproducible_with_a_seed(runs, source, tmp_path):
 
 def test_sampling_options_are_checked(runs, source, tmp_path, capsys):
     for argv, message in ((("--topk", "3"), "go with --sampling"),
-                          (("--sampling", "topp", "--topp", "1.5"), "topp must be in (0, 1]"),
+                          (("--sampling", "topp", "--topp", "1.5"), "--topp must be <= 1, not 1.5"),
                           (("--sampling", "topk", "--temperature", "0"), "temperature")):
         with pytest.raises(SystemExit):
             _translate(runs, source, tmp_path, *argv)
@@ -123,15 +123,17 @@ def test_decoding_defaults_are_declared_once(runs, reverse_data, tmp_path, trans
                                              capsys):
     """The CLI's decoding options default to None (the checkpoint's DecodeConfig decides),
     the server's sampling defaults are DecodeConfig's and its beam/nbest default to the
-    checkpoint's; --nbest is checked against the checkpoint's beam, not a literal 4."""
+    checkpoint's; bounds and help text are DecodeConfig's declarations in /openapi.json and
+    on the command line; --nbest is checked against the checkpoint's beam, not a literal 4."""
+    import argparse
     import dataclasses
 
     from fastapi.testclient import TestClient
 
     from ranmt.checkpoint import load_checkpoint, save_checkpoint
     from ranmt.cli import build_parser
-    from ranmt.config import DecodeConfig
-    from ranmt.serve import ServeLimits, create_app
+    from ranmt.config import DecodeConfig, decode_field
+    from ranmt.serving.app import ServeLimits, create_app
 
     args = build_parser().parse_args(["translate", "--checkpoint", "x"])
     options = ("beam", "lenpen", "batch_size", "max_len_a", "max_len_b", "nbest", "topk",
@@ -145,6 +147,22 @@ def test_decoding_defaults_are_declared_once(runs, reverse_data, tmp_path, trans
     for name in ("topk", "topp", "epsilon", "temperature", "seed"):
         assert request[name]["default"] == defaults[name], name
     assert request["beam"]["default"] is None and request["nbest"]["default"] is None
+
+    # Bounds and help: the declaration's, in the schema and on the command line.
+    schema_keys = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum",
+                   "lt": "exclusiveMaximum"}
+    for name in ("beam", "nbest", "topk", "topp", "epsilon", "temperature", "seed"):
+        declared = decode_field(name).metadata
+        constraints = request[name].get("anyOf", [request[name]])[0]  # nullable: anyOf
+        assert declared["bounds"], name
+        for kind, bound in declared["bounds"].items():
+            assert constraints[schema_keys[kind]] == bound, (name, kind)
+        assert request[name]["description"].startswith(declared["help"]), name
+    translate = next(action for action in build_parser()._actions
+                     if isinstance(action, argparse._SubParsersAction)).choices["translate"]
+    helps = {action.dest: action.help for action in translate._actions}
+    for name in options:
+        assert helps[name].startswith(decode_field(name).metadata["help"]), name
 
     model, cfg, _, _ = load_checkpoint(runs["transf"])
     cfg.decode.beam = 2

@@ -1,5 +1,6 @@
 """Rules of the code's shape that a reviewer would otherwise have to re-check by hand:
-modules talk through public names only, and ``ranmt.config`` reads no corpora."""
+the packages import downwards only, modules talk through public names only, and
+``ranmt.config`` reads no corpora."""
 
 from __future__ import annotations
 
@@ -15,6 +16,61 @@ def _imports(path: Path):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ranmt"):
             for alias in node.names:
                 yield node.lineno, node.module, alias.name
+
+
+# Each part of src/ranmt and its layer: a part imports from its own and lower layers only
+# (imports under ``if TYPE_CHECKING:`` are for type names and not counted). The config sits
+# above the attention variants because it reads their registry (option sections, presets).
+LAYERS = {
+    "runtime": 0, "data": 0, "evaluate": 0,
+    "attention": 1,
+    "config": 2,
+    "model": 3,
+    "checkpoint": 4,
+    "inference": 5,
+    "training": 6, "analysis": 6,
+    "serving": 7, "experiment": 7, "benchmark": 7,
+    "cli": 8,
+    "__main__": 9, "__init__": 9,
+}
+
+
+def _part(module: str) -> str:
+    """``ranmt.inference.decode`` -> ``inference``; ``ranmt`` itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _runtime_imports(tree: ast.AST):
+    """(line, module) of the ranmt imports of a module, skipping ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ranmt"):
+            if node.module == "ranmt":
+                yield from ((node.lineno, f"ranmt.{alias.name}") for alias in node.names)
+            else:
+                yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names
+                        if alias.name.startswith("ranmt."))
+        else:
+            yield from _runtime_imports(node)
+
+
+def test_packages_import_downwards_only():
+    offenders, parts = [], set()
+    for path in sorted(SRC.rglob("*.py")):
+        module = ".".join(("ranmt", *path.relative_to(SRC).with_suffix("").parts))
+        part = _part(module.removesuffix(".__init__"))
+        parts.add(part)
+        for line, target in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            other = _part(target)
+            if other not in ("__version__", part) and LAYERS[other] >= LAYERS[part]:
+                offenders.append(f"{path.relative_to(SRC)}:{line} ({part}, layer "
+                                 f"{LAYERS[part]}) imports {target} (layer {LAYERS[other]})")
+    assert parts <= set(LAYERS), f"parts without a layer: {sorted(parts - set(LAYERS))}"
+    assert offenders == []
 
 
 def test_no_private_name_is_imported_across_modules():

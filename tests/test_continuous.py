@@ -1,11 +1,11 @@
-"""Step-level batching (``ranmt.continuous``): lines joining a running batch between steps and
-leaving it as they finish get what they get decoded alone.
+"""Step-level batching (``ranmt.inference.continuous``): lines joining a running batch
+between steps and leaving it as they finish get what they get decoded alone.
 
 For every decoder-side attention: lines that join after 0, 2 and 5 steps, with sources
 longer and shorter than those already running, give each the n-best tokens (identical) and
 scores (within 1e-4) of the shrinking search run on that line alone, in greedy and beam
 search; prefixes, ensembles and int8/bf16 copies too; sampling with a generator per request
-draws the same samples alone, in company and as :func:`ranmt.sampling.sample`.
+draws the same samples alone, in company and as :func:`ranmt.inference.sampling.sample`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from ranmt.continuous import ContinuousDecoder, merge_caches
 from ranmt.data.batching import pad_sources
-from ranmt.decode import search
+from ranmt.inference.continuous import ContinuousDecoder, merge_caches
+from ranmt.inference.decode import search
+from ranmt.inference.sampling import Sampler, sample
 from ranmt.model import EOS_ID
-from ranmt.sampling import Sampler, sample
 from test_fast_decode import DECODERS, _model, _same
 
 
@@ -86,7 +86,7 @@ def test_joining_with_early_eos_prefixes_and_fairseq_penalty(arch):
 
 
 def test_ensemble_lines_join_and_leave():
-    from ranmt.ensemble import Ensemble
+    from ranmt.inference.ensemble import Ensemble
 
     ensemble = Ensemble([_model("ran", "dot", 0), _model("dot", "dot", 1)])
     waves = [_lines(2, 5), _lines(2, 6, 9, 13)]
@@ -118,7 +118,7 @@ def test_int8_copy_decodes_a_line_as_alone(reverse_run):
     company no equality is promised: dynamic int8 quantizes each product's activations with
     one scale for all its rows, so a line's output depends on what it is decoded with, in
     batch-level decoding as well."""
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
     translator = Translator.load(reverse_run, device="cpu", quantize="int8")
     for text in ("abcde", "hgf", "gfedcbah", "ab"):

@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 
 from conftest import graphs_compiled, logged_losses, random_batch, tiny_model
 from ranmt.config import load_config
-from ranmt.decode import search
-from ranmt.train import train
-from ranmt.translator import Translator
+from ranmt.inference.decode import search
+from ranmt.inference.translator import Translator
+from ranmt.training.train import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -110,7 +110,7 @@ def test_fast_search_equals_reference_on_cuda(arch):
 def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
     """On CUDA the search picks the sync-free mode by itself; it equals the shrinking
     search and reads device values on the host only every check_every steps."""
-    from ranmt.host_syncs import SyncCounter
+    from ranmt.runtime.host_syncs import SyncCounter
 
     model, _ = tiny_model(seed=2, **{"model.arch": arch})
     model = model.cuda()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import beam_search, greedy_search, length_penalty, max_lengths
+from ranmt.inference.decode import beam_search, greedy_search, length_penalty, max_lengths
 from ranmt.model import EOS_ID
 
 

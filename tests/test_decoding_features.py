@@ -14,17 +14,23 @@ import pytest
 import torch
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import (
+from ranmt.inference.decode import (
     beam_search,
     beam_search_reference,
     greedy_search,
     greedy_search_reference,
     search,
 )
-from ranmt.ensemble import Ensemble
+from ranmt.inference.ensemble import Ensemble
+from ranmt.inference.sampling import Sampler, sample
+from ranmt.inference.scoring import (
+    align,
+    format_alignment,
+    score_targets,
+    word_alignment,
+    word_indices,
+)
 from ranmt.model import EOS_ID, PAD_ID
-from ranmt.sampling import Sampler, sample
-from ranmt.scoring import align, format_alignment, score_targets, word_alignment, word_indices
 
 ARCHS = ["transf", "ran-all", "hc-all", "syn-r", "sh-x", "rc"]
 RECURRENT_CROSS = "concat-prev-accum-weight"  # a recurrent cross-attention (Rosendahl et al.)

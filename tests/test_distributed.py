@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from conftest import graphs_compiled, logged_losses
 from ranmt.config import load_config
-from ranmt.train import train
+from ranmt.training.train import train
 
 COMMON = ["model.preset=tiny", "model.dropout=0.0", "train.lr=0.003", "train.warmup_steps=10",
           "train.seed=3", "train.progress=false", "train.tensorboard=false",

@@ -1,4 +1,4 @@
-"""Fast dropout masks (ranmt.dropout, ``train.dropout_masks=fast``): the mask against its
+"""Fast dropout masks (ranmt.runtime.dropout, ``train.dropout_masks=fast``): the mask against its
 definition from the random bits, the drop rate, values and gradients, the switch, and a
 training run that resumes exactly and learns like the ``torch`` masks."""
 
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from ranmt.config import load_config
-from ranmt.dropout import Dropout, dropout, fast_masks, keep_mask
-from ranmt.train import train
+from ranmt.runtime.dropout import Dropout, dropout, fast_masks, keep_mask
+from ranmt.training.train import train
 
 
 def test_keep_mask_is_its_definition_from_the_random_bits():

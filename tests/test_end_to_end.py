@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-import ranmt.precision as precision_module
+import ranmt.runtime.precision as precision_module
 from ranmt.cli import main
 from ranmt.data.corpus import raw_text
 from ranmt.evaluate import score
-from ranmt.translator import Translator
+from ranmt.inference.translator import Translator
 
 
 def test_reverse_task_reaches_bleu_90(reverse_data, reverse_run, capsys):

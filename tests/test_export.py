@@ -7,7 +7,7 @@ import torch
 
 from conftest import random_batch, tiny_config
 from ranmt.checkpoint import save_checkpoint
-from ranmt.export import ExportError, build_marian, export_hf_marian
+from ranmt.inference.export import ExportError, build_marian, export_hf_marian
 from ranmt.model import build_model
 
 transformers = pytest.importorskip("transformers")

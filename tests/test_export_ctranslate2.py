@@ -9,8 +9,8 @@ import torch
 from conftest import tiny_config
 from ranmt.checkpoint import save_checkpoint
 from ranmt.data.corpus import load_meta
-from ranmt.decode import greedy_search
-from ranmt.export import ExportError, export_ctranslate2
+from ranmt.inference.decode import greedy_search
+from ranmt.inference.export import ExportError, export_ctranslate2
 from ranmt.model import BOS_ID, EOS_ID, build_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")

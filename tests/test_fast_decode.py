@@ -14,7 +14,7 @@ import torch
 from conftest import random_batch, tiny_model
 from ranmt.attention import REGISTRY, reorder_cache
 from ranmt.attention.base import cache_append
-from ranmt.decode import (
+from ranmt.inference.decode import (
     beam_search,
     beam_search_reference,
     greedy_search,

@@ -83,9 +83,9 @@ def test_the_config_knows_a_registered_variant(toy):
 
 def test_a_registered_variant_trains_decodes_and_round_trips(toy, reverse_data, tmp_path):
     from ranmt.checkpoint import load_checkpoint
-    from ranmt.decode import beam_search, beam_search_reference
+    from ranmt.inference.decode import beam_search, beam_search_reference
     from ranmt.model import build_model
-    from ranmt.train import train
+    from ranmt.training.train import train
 
     cfg = load_config(None, _overrides(**{"model.toy.output_scale": "0.5"}))
     summary = train(cfg, reverse_data, tmp_path / "run")

@@ -15,7 +15,7 @@ from conftest import tiny_config
 from ranmt.checkpoint import save_checkpoint
 from ranmt.data.corpus import load_meta
 from ranmt.model import build_model
-from ranmt.precision import cpu_bf16_support
+from ranmt.runtime.precision import cpu_bf16_support
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")

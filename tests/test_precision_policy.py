@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-import ranmt.precision as precision_module
+import ranmt.runtime.precision as precision_module
 from conftest import tiny_model
 from ranmt.data.corpus import EncodedSplit
-from ranmt.precision import (
+from ranmt.runtime.precision import (
     CUDA_AUTO_REASON,
     PrecisionError,
     PrecisionPolicy,
     activation_dtype,
 )
-from ranmt.train import validate
+from ranmt.training.train import validate
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -112,7 +112,7 @@ def test_validation_runs_in_the_training_regime():
 
 def _loss_under_plain_autocast(model, valid, cfg, enabled: bool = True) -> float:
     from ranmt.data.batching import batch_from_split
-    from ranmt.loss import label_smoothed_loss
+    from ranmt.training.loss import label_smoothed_loss
 
     batch = batch_from_split(valid, np.arange(len(valid)))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):

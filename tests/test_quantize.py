@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import search
-from ranmt.quantize import is_quantized, quantize_model
+from ranmt.inference.decode import search
+from ranmt.inference.quantize import is_quantized, quantize_model
 
 ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "hc-sa", "hc-all", "sh-x", "syn-r"]
 

@@ -22,9 +22,9 @@ from conftest import tiny_config, write_parallel
 from ranmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ranmt.cli import main
 from ranmt.config import load_config
+from ranmt.inference.translator import Translator
 from ranmt.model import build_model
-from ranmt.train import train
-from ranmt.translator import Translator
+from ranmt.training.train import train
 
 
 def run_cli(argv, capsys) -> tuple[int, str]:
@@ -138,7 +138,7 @@ def test_invalid_utf8_in_translate_input(checkpoint, tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--beam", "0"], "--beam must be >= 1"),
     (["--beam", "2", "--nbest", "3"], "decode.nbest must be between 1 and decode.beam (2)"),
-    (["--max-len-a", "-1"], "--max-len-a must be non-negative"),
+    (["--max-len-a", "-1"], "--max-len-a must be >= 0, not -1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
 ])
 def test_impossible_options(checkpoint, argv, message, capsys):
@@ -305,7 +305,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(reverse_data, tmp_path):
 
 def test_nonfinite_losses_are_skipped_counted_and_stop_the_run(reverse_data, tmp_path,
                                                                monkeypatch):
-    import ranmt.train as train_module
+    import ranmt.training.train as train_module
 
     real = train_module.label_smoothed_loss
     calls = {"n": 0}

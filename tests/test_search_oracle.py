@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import search
+from ranmt.inference.decode import search
 from ranmt.model import BOS_ID, EOS_ID
 from test_fast_decode import DECODERS
 
@@ -28,7 +28,7 @@ CONTINUE = [token for token in range(VOCAB) if token != EOS_ID]  # every non-EOS
 
 
 def _penalty(length: int, alpha: float, style: str) -> float:
-    """Written out independently of ranmt.decode.length_penalty."""
+    """Written out independently of ranmt.inference.decode.length_penalty."""
     return ((5 + length) / 6) ** alpha if style == "gnmt" else float(length) ** alpha
 
 

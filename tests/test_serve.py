@@ -19,9 +19,9 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serve import ServeLimits, create_app, model_names  # noqa: E402
-from ranmt.serve_launcher import launch_server  # noqa: E402
-from ranmt.translator import Translator  # noqa: E402
+from ranmt.inference.translator import Translator  # noqa: E402
+from ranmt.serving.app import ServeLimits, create_app, model_names  # noqa: E402
+from ranmt.serving.launcher import launch_server  # noqa: E402
 
 SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]
 
@@ -117,7 +117,7 @@ def test_bad_input_is_refused_and_the_server_keeps_serving(client, body, status,
 def test_a_decoding_error_fails_its_request_only(translators, monkeypatch, batching):
     """A failing decoding step (step-level batching) or batch (batch-level) answers 500 to
     the request decoding in it; the server goes on serving."""
-    from ranmt.continuous import ContinuousDecoder
+    from ranmt.inference.continuous import ContinuousDecoder
 
     original_ids, original_step = Translator.translate_ids, ContinuousDecoder.step
 

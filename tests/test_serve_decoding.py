@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serve import Batcher, ServeLimits, Work, create_app  # noqa: E402
+from ranmt.serving.app import Batcher, ServeLimits, Work, create_app  # noqa: E402
 
 LINES = ["a b c d", "e f", "g h i j k"]
 
@@ -168,9 +168,9 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
     """A checkpoint whose decode.beam is 2 and decode.nbest 2: without beam/nbest in the
     request the server decodes as `ranmt translate` does (beam 2, two hypotheses), with
     them it follows the request; its literal beam 4 once overrode the checkpoint's."""
-    import ranmt.translator as translator_module
+    import ranmt.inference.translator as translator_module
     from ranmt.checkpoint import load_checkpoint, save_checkpoint
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
     model, cfg, _, _ = load_checkpoint(runs["transf"])
     cfg.decode.beam, cfg.decode.nbest = 2, 2

@@ -16,7 +16,8 @@ pytest.importorskip("prometheus_client")
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from ranmt.serve import (  # noqa: E402
+from ranmt.inference.translator import Translator  # noqa: E402
+from ranmt.serving.app import (  # noqa: E402
     Batcher,
     QueueFullError,
     RequestError,
@@ -25,7 +26,6 @@ from ranmt.serve import (  # noqa: E402
     create_app,
     wait_for_job,
 )
-from ranmt.translator import Translator  # noqa: E402
 
 
 @pytest.fixture()
@@ -35,7 +35,7 @@ def slow_decoding(monkeypatch):
     or step starts decoding."""
     import threading
 
-    from ranmt.continuous import ContinuousDecoder
+    from ranmt.inference.continuous import ContinuousDecoder
 
     original_ids, original_step = Translator.translate_ids, ContinuousDecoder.step
     decoding = threading.Event()
@@ -205,7 +205,7 @@ def test_metrics_health_and_readiness(translators):
 
 
 def test_api_key_guards_every_endpoint_but_health(translators, tmp_path, monkeypatch):
-    from ranmt.serve import read_api_key
+    from ranmt.serving.app import read_api_key
 
     (tmp_path / "key").write_text("s3cret-key\n")
     key = read_api_key(str(tmp_path / "key"))

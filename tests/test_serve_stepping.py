@@ -16,9 +16,9 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serve import ServeLimits, Work, create_app, wait_for_job  # noqa: E402
-from ranmt.serve_batching import StepBatcher  # noqa: E402
-from ranmt.translator import Translator  # noqa: E402
+from ranmt.inference.translator import Translator  # noqa: E402
+from ranmt.serving.app import ServeLimits, Work, create_app, wait_for_job  # noqa: E402
+from ranmt.serving.batching import StepBatcher  # noqa: E402
 
 
 def _same(got, expected):
@@ -76,7 +76,7 @@ def test_a_request_arriving_mid_decoding_joins_at_the_next_step(reverse_run):
 def test_health_is_answered_while_a_long_decoding_runs(translators, monkeypatch):
     """Every step takes 0.2 s: /health, /ready and /metrics still answer at once (a bound,
     not a benchmark: 1 s), and the slow request is answered."""
-    from ranmt.continuous import ContinuousDecoder
+    from ranmt.inference.continuous import ContinuousDecoder
 
     original = ContinuousDecoder.step
 

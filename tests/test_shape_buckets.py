@@ -19,8 +19,8 @@ from ranmt.data.batching import (
     padding_share,
 )
 from ranmt.data.corpus import EncodedSplit
-from ranmt.loss import label_smoothed_loss
 from ranmt.model import PAD_ID
+from ranmt.training.loss import label_smoothed_loss
 
 BUCKETS = [8, 16, 24, 32, 48, 64]
 
@@ -131,7 +131,7 @@ def test_shape_buckets_config_is_checked():
 
 
 def test_training_with_shape_buckets_logs_its_shapes(reverse_data, tmp_path):
-    from ranmt.train import train
+    from ranmt.training.train import train
     from test_train import _cfg
 
     summary = train(_cfg(**{"train.max_steps": 6, "data.shape_buckets": "[8, 12, 16, 24]"}),
@@ -177,7 +177,7 @@ def test_compiling_with_buckets_allows_a_graph_per_shape(reverse_data, tmp_path,
     graphs and a warning before). torch.compile itself is stubbed out: no compilation."""
     import torch._dynamo.config as dynamo_config
 
-    from ranmt.train import train
+    from ranmt.training.train import train
     from test_train import _cfg
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"

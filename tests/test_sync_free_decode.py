@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import random_batch, tiny_model
-from ranmt.decode import beam_search_sync_free, greedy_search_sync_free, search
-from ranmt.host_syncs import SyncCounter
+from ranmt.inference.decode import beam_search_sync_free, greedy_search_sync_free, search
 from ranmt.model import EOS_ID, PAD_ID
+from ranmt.runtime.host_syncs import SyncCounter
 from test_fast_decode import DECODERS, _model, _same
 
 
@@ -64,7 +64,7 @@ def test_sync_free_with_prefixes_and_fixed_length(arch):
 
 
 def test_sync_free_ensemble_equals_shrinking():
-    from ranmt.ensemble import Ensemble
+    from ranmt.inference.ensemble import Ensemble
 
     ensemble = Ensemble([_model("ran", "dot", 0), _model("dot", "dot", 1)])
     src, _ = random_batch(batch=4, src_len=8, seed=2)
@@ -114,7 +114,7 @@ def test_sync_free_check_every_must_be_positive():
 def test_search_picks_the_sync_free_path_off_the_cpu(monkeypatch):
     """``sync_free=None``: the shrinking search on the CPU, the sync-free one elsewhere (the
     device type is faked; the search itself runs on the CPU)."""
-    import ranmt.decode as decode
+    import ranmt.inference.decode as decode
 
     called = []
     monkeypatch.setattr(decode, "beam_search", lambda *a, **k: called.append("shrinking"))

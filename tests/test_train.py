@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from ranmt.config import load_config
-from ranmt.train import inverse_sqrt_lr, label_smoothed_loss, train
+from ranmt.training.train import inverse_sqrt_lr, label_smoothed_loss, train
 
 
 def test_inverse_sqrt_schedule_values():
@@ -114,7 +114,7 @@ def test_progress_bar_on_a_terminal_only(reverse_data, tmp_path, monkeypatch):
     """Redirected stderr (a log file) gets the log lines but no carriage-return frames."""
     import sys
 
-    from ranmt.train import TrainingRun
+    from ranmt.training.train import TrainingRun
 
     cfg = _cfg(**{"train.max_steps": 1, "train.progress": "true"})
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)

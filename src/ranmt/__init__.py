@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy import keeps `import ranmt` (and the CLI's --help) fast.
     if name == "Translator":
-        from ranmt.translator import Translator
+        from ranmt.inference.translator import Translator
 
         return Translator
     raise AttributeError(name)

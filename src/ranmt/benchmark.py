@@ -32,12 +32,12 @@ import torch
 
 from ranmt.config import load_config
 from ranmt.data.batching import collate, make_batches, pad_sources
-from ranmt.decode import search
+from ranmt.inference.decode import search
+from ranmt.inference.quantize import is_quantized
+from ranmt.inference.translator import Translator, pick_device
 from ranmt.model import build_model
-from ranmt.precision import cpu_description
-from ranmt.quantize import is_quantized
-from ranmt.train import label_smoothed_loss
-from ranmt.translator import Translator, pick_device
+from ranmt.runtime.precision import cpu_description
+from ranmt.training.train import label_smoothed_loss
 
 
 def synchronize(device: torch.device) -> None:
@@ -68,7 +68,7 @@ def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_si
     """(label, translator or None, model, config) per system and mode: ``none`` (fp32),
     ``int8`` (dynamic quantization) or ``bf16`` (weights and activations in bf16); the
     copies are labelled ``… int8`` / ``… bf16``."""
-    from ranmt.quantize import quantize_model
+    from ranmt.inference.quantize import quantize_model
 
     systems = []
     for mode in quantize:
@@ -136,8 +136,8 @@ def train_speed(model, config, sources: list[list[int]], max_tokens: int,
     (each source doubles as its own target: same lengths for every system), in ``precision``
     as the trainer runs it (bf16: autocast and bf16 residual streams, fp32 weights), with
     ``dropout_masks`` as ``train.dropout_masks``."""
-    from ranmt.dropout import fast_masks
-    from ranmt.precision import PrecisionPolicy
+    from ranmt.runtime.dropout import fast_masks
+    from ranmt.runtime.precision import PrecisionPolicy
 
     policy = PrecisionPolicy(precision, device.type)
     lengths = np.array([len(s) for s in sources])
@@ -234,7 +234,7 @@ def run_benchmark(spec: BenchmarkSpec, log=print) -> dict:
     """Measure ``spec``'s systems side by side; write and return the results."""
     device = pick_device(spec.device)
     if device.type == "cpu":
-        from ranmt.memory import retain_freed_memory
+        from ranmt.runtime.memory import retain_freed_memory
 
         retain_freed_memory()  # as the trainer does
     systems = load_systems(spec.checkpoints, spec.archs, spec.preset, spec.vocab_size, device,

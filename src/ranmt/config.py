@@ -201,10 +201,11 @@ class TrainConfig:
     """Early stopping: validations without improvement before stopping (0 = off)."""
     precision: Precision = "auto"
     """fp32 | bf16 | fp16 | auto (bf16 on a CPU with native bf16 -- AVX512-BF16 or AMX --,
-    fp32 with TF32 products on CUDA, where it measured faster, else fp32; ranmt.precision)."""
+    fp32 with TF32 products on CUDA, where it measured faster, else fp32;
+    ranmt.runtime.precision)."""
     dropout_masks: DropoutMasks = "torch"
     """torch (PyTorch's dropout) | fast: CPU training draws dropout masks from bulk random
-    bits, ~4.7x cheaper per mask (ranmt.dropout; p rounded to a multiple of 2^-16). Runs
+    bits, ~4.7x cheaper per mask (ranmt.runtime.dropout; p rounded to a multiple of 2^-16). Runs
     are reproducible either way but not bit-identical to each other."""
     device: str = "auto"
     """cpu | cuda | cuda:N | auto."""
@@ -223,36 +224,67 @@ class TrainConfig:
     """Show a progress bar (on a terminal: with stderr redirected, only the log lines)."""
 
 
+def decode_option(default: Any, help: str, *, ge: float | None = None,
+                  gt: float | None = None, le: float | None = None,
+                  lt: float | None = None) -> Any:
+    """A :class:`DecodeConfig` field: its default, its bounds and its help, written once and
+    read by the config's validation, the command line's flags (``ranmt translate``,
+    ``ranmt evaluate``) and the server's request schema (``/openapi.json``)."""
+    bounds = {key: value for key, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt))
+              if value is not None}
+    return field(default=default, metadata={"help": help, "bounds": bounds})
+
+
 @dataclass
 class DecodeConfig:
-    beam: int = 4
-    """Beam size (1 = greedy)."""
-    lenpen: float = 0.6
-    """Length penalty exponent alpha."""
-    lenpen_style: LengthPenaltyStyle = "gnmt"
-    """gnmt: ((5+|Y|)/6)^alpha | fairseq: |Y|^alpha."""
-    max_len_a: float = 1.2
-    """Output length limit a in a*|src| + b."""
-    max_len_b: int = 10
-    """Output length limit b in a*|src| + b."""
-    batch_size: int = 64
-    """Sentences per decoding batch."""
-    nbest: int = 1
-    """Hypotheses returned per input."""
-    truncate_long: bool = False
-    """Truncate inputs longer than model.max_positions (with a warning) instead of failing."""
-    sampling: Sampling = "none"
-    """none (search) | topk | topp | eps: draw nbest samples per input instead (ranmt.sampling)."""
-    topk: int = 0
-    """sampling=topk: the k most probable tokens are kept (0 = all: plain sampling)."""
-    topp: float = 0.9
-    """sampling=topp: the smallest set of tokens holding this much probability is kept."""
-    epsilon: float = 0.02
-    """sampling=eps: tokens of at least this probability are kept."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs are divided by it before the cut)."""
-    seed: int = 0
-    """Seed of the sampling generator (same inputs, settings and seed: same samples)."""
+    """Decoding settings (``decode.*``): a checkpoint's are the defaults of ``ranmt
+    translate``, the Python API and the server, each of which may override them."""
+
+    beam: int = decode_option(4, "beam size (1 = greedy)", ge=1)
+    lenpen: float = decode_option(0.6, "length penalty exponent alpha")
+    lenpen_style: LengthPenaltyStyle = decode_option(
+        "gnmt", "length penalty: gnmt ((5+|Y|)/6)^alpha | fairseq |Y|^alpha")
+    max_len_a: float = decode_option(1.2, "output length limit a*|src|+b: a", ge=0)
+    max_len_b: int = decode_option(10, "output length limit a*|src|+b: b", ge=0)
+    batch_size: int = decode_option(64, "sentences per decoding batch", ge=1)
+    nbest: int = decode_option(1, "hypotheses returned per input (samples with sampling); at "
+                                  "most the beam size", ge=1)
+    truncate_long: bool = decode_option(
+        False, "truncate inputs longer than model.max_positions (with a warning) instead of "
+               "failing")
+    sampling: Sampling = decode_option(
+        "none", "none (search) | topk | topp | eps: draw nbest samples per input instead "
+                "(ranmt.inference.sampling)")
+    topk: int = decode_option(0, "sampling=topk: the k most probable tokens are kept (0 = all: "
+                                 "plain sampling)", ge=0)
+    topp: float = decode_option(0.9, "sampling=topp: the smallest set of tokens holding this "
+                                     "much probability is kept", gt=0, le=1)
+    epsilon: float = decode_option(0.02, "sampling=eps: tokens of at least this probability "
+                                         "are kept", ge=0, lt=1)
+    temperature: float = decode_option(1.0, "sampling temperature (log-probs are divided by "
+                                            "it before the cut)", gt=0)
+    seed: int = decode_option(0, "seed of the sampling generator (same inputs, settings and "
+                                 "seed: same samples)", ge=0)
+
+
+def decode_field(name: str) -> dataclasses.Field:
+    """The declaration of :class:`DecodeConfig` field ``name`` (help, bounds, default)."""
+    return {f.name: f for f in dataclasses.fields(DecodeConfig)}[name]
+
+
+def check_decode_bounds(values: dict[str, Any], label=lambda name: f"decode.{name}") -> None:
+    """ConfigError for the first of ``values`` (DecodeConfig field -> value; None skipped)
+    outside its declared bounds; ``label`` names a field in the message (the command line
+    passes its flag)."""
+    tests = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+             "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    for name, value in values.items():
+        if value is None:
+            continue
+        for kind, bound in decode_field(name).metadata["bounds"].items():
+            holds, sign = tests[kind]
+            if not holds(value, bound):
+                raise ConfigError(f"{label(name)} must be {sign} {bound:g}, not {value}")
 
 
 @dataclass
@@ -625,31 +657,19 @@ def save_yaml(cfg: Config, path: str | Path) -> None:
 
 def check_sampling(topk: int, topp: float, epsilon: float, temperature: float,
                    prefix: str = "") -> None:
-    """The ranges of the sampling settings (``ranmt.sampling.Sampler`` and decode.*)."""
-    if topk < 0:
-        raise ConfigError(f"{prefix}topk must be >= 0 (0 = no cut), not {topk}")
-    if not 0.0 < topp <= 1.0:
-        raise ConfigError(f"{prefix}topp must be in (0, 1], not {topp}")
-    if not 0.0 <= epsilon < 1.0:
-        raise ConfigError(f"{prefix}epsilon must be in [0, 1), not {epsilon}")
-    if not temperature > 0.0:
-        raise ConfigError(f"{prefix}temperature must be > 0, not {temperature}")
+    """The ranges of the sampling settings (``ranmt.inference.sampling.Sampler`` and
+    decode.*), as :class:`DecodeConfig` declares them."""
+    check_decode_bounds({"topk": topk, "topp": topp, "epsilon": epsilon,
+                         "temperature": temperature}, lambda name: f"{prefix}{name}")
 
 
 def validate_decode(d: DecodeConfig) -> None:
-    """Check the decoding settings (ranges the field types do not constrain)."""
+    """Check the decoding settings: each field within its declared bounds, and nbest at
+    most the beam when searching."""
     check_choices(d, "decode.")
-    if d.beam < 1:
-        raise ConfigError(f"decode.beam must be >= 1, not {d.beam}")
-    if d.sampling == "none" and (d.nbest < 1 or d.nbest > d.beam):
+    check_decode_bounds({f.name: getattr(d, f.name) for f in dataclasses.fields(d)})
+    if d.sampling == "none" and d.nbest > d.beam:
         raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
-    if d.nbest < 1:
-        raise ConfigError("decode.nbest (samples per input when sampling) must be >= 1")
-    check_sampling(d.topk, d.topp, d.epsilon, d.temperature, "decode.")
-    if d.max_len_a < 0 or d.max_len_b < 0:
-        raise ConfigError("decode.max_len_a and decode.max_len_b must be non-negative")
-    if d.batch_size < 1:
-        raise ConfigError("decode.batch_size must be >= 1")
 
 
 def decode_with(decode: DecodeConfig, **overrides) -> DecodeConfig:

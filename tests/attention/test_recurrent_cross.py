@@ -12,7 +12,7 @@ import torch
 from conftest import random_batch, tiny_model
 from ranmt.attention import AttentionSpec, build_attention
 from ranmt.attention.recurrent_cross import RecurrentCrossConfig
-from ranmt.decode import beam_search, greedy_search
+from ranmt.inference.decode import beam_search, greedy_search
 
 D, H = 16, 2
 DK = D // H

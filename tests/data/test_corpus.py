@@ -123,7 +123,7 @@ def test_training_skips_pairs_longer_than_the_model_positions_without_copying(re
     pairs that fit (SubsetSequences over the memory-mapped split) and never batches others."""
     from ranmt.config import load_config
     from ranmt.data.corpus import SubsetSequences
-    from ranmt.train import TrainingRun
+    from ranmt.training.train import TrainingRun
 
     split = load_split(reverse_data, "train")
     src_lengths, tgt_lengths = split.lengths()

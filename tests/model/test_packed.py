@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import random_batch, tiny_model
-from ranmt import packed
-from ranmt.packed import PackedLinear, plain_linears, use_packed_linears
+from ranmt.runtime import packed
+from ranmt.runtime.packed import PackedLinear, plain_linears, use_packed_linears
 
 needs_onednn = pytest.mark.skipif(not packed.available(), reason="no oneDNN in this build")
 

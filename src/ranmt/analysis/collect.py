@@ -36,8 +36,8 @@ from ranmt.analysis.stats import argmax_distance, js_divergence, off_diagonality
 from ranmt.data.batching import batch_from_split, make_batches
 from ranmt.data.corpus import load_split, raw_text
 from ranmt.evaluate import bleu_by_bins, bleu_by_length
+from ranmt.inference.translator import Translator
 from ranmt.model import PAD_ID, component_weights
-from ranmt.translator import Translator
 
 COMPONENTS = ("encoder_self", "decoder_self", "cross")
 HIST_BINS = np.linspace(0.0, 1.0, 51)

@@ -12,7 +12,7 @@ from ranmt.data.batching import pad_sources
 from ranmt.model import BOS_ID, component_weights
 
 if TYPE_CHECKING:
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
 
 
 def attention_maps(translator: Translator, src_ids: list[int], tgt_ids: list[int]) -> dict:

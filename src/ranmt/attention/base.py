@@ -19,7 +19,7 @@ the variant is:
   decoding (T == 1). Per-step histories go through :func:`cache_append`: with
   ``cache["capacity"]`` set (the fast decoder) their buffers are allocated once at that
   length and written in place, otherwise they grow by concatenation (the reference).
-  Step-level batching (``ranmt.continuous``) decodes rows that are at different positions:
+  Step-level batching (``ranmt.inference.continuous``) decodes rows that are at different positions:
   then ``cache["positions"]`` (B,) long holds each row's query position and
   ``cache["span"]`` (an int) the largest position + 1; a history keeps position j of every
   row in slot j (rows shorter than the span have zeros after their position, masked by

@@ -33,8 +33,8 @@ from ranmt.attention.base import (
     split_heads,
 )
 from ranmt.attention.registry import Arch, register
-from ranmt.dropout import dropout, fast_masks_on
-from ranmt.packed import inference_linear
+from ranmt.runtime.dropout import dropout, fast_masks_on
+from ranmt.runtime.packed import inference_linear
 
 
 @register("dot", archs={"transf": Arch("dot", "dot")})
@@ -56,7 +56,7 @@ class DotProductAttention(Attention):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
         # Fused projection weights for decoding (not parameters, not in the state dict), and
-        # their oneDNN-packed copies (``ranmt.packed``).
+        # their oneDNN-packed copies (``ranmt.runtime.packed``).
         self._fused_weights: dict[str, VersionedCache] = {}
         self._packed_fused: dict[str, tuple] = {}
 
@@ -74,7 +74,7 @@ class DotProductAttention(Attention):
     def fuse_for_quantization(self) -> None:
         """Give the decoding products their own fused linear modules (``qkv``: W_q, W_k, W_v;
         ``kv``: W_k, W_v), so that int8 quantization turns each into one int8 product.
-        For inference-only copies of a model (``ranmt.quantize``); never saved."""
+        For inference-only copies of a model (``ranmt.inference.quantize``); never saved."""
         d = self.q_proj.in_features
         self.fused = nn.ModuleDict()
         wanted = ([("kv", (self.k_proj, self.v_proj))] if self.is_cross
@@ -125,7 +125,7 @@ class DotProductAttention(Attention):
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
                 cache=None, need_weights=False) -> AttnOutput:
-        # Per-row positions (step-level batching, ``ranmt.continuous``): rows at different
+        # Per-row positions (step-level batching, ``ranmt.inference.continuous``): rows at different
         # steps, each attending to its own history (base.rows_allowed).
         at_rows = cache is not None and cache.get("positions") is not None
         fast_decoder = cache is not None and (cache.get("capacity") is not None or at_rows)
@@ -192,7 +192,7 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
     """``scaled_dot_product_attention`` (B, H, T, d_h) -> (B, H, T, d_h). bf16 training on a
     CPU runs it in fp32: PyTorch's CPU flash-attention backward is ~5x slower in bf16 than
     in fp32 at these sizes (benchmarks/profile_train.py), and the products inside are too
-    small for bf16 to pay back the casts. With fast dropout masks (``ranmt.dropout``) and
+    small for bf16 to pay back the casts. With fast dropout masks (``ranmt.runtime.dropout``) and
     attention dropout on a CPU, the attention is computed as PyTorch's math kernel would
     (which is what ``scaled_dot_product_attention`` runs on a CPU with dropout), with the
     fast masks."""
@@ -210,7 +210,7 @@ def _attention_with_fast_dropout(q: Tensor, k: Tensor, v: Tensor, allowed: Tenso
                                  dropout_p: float) -> Tensor:
     """dropout(softmax(q k^T / sqrt(d_h))) v (B, H, T, d_h) -> (B, H, T, d_h), the softmax in
     fp32 (rows with nothing allowed give zeros, as PyTorch's kernel), the dropout through
-    :func:`ranmt.dropout.dropout` (training)."""
+    :func:`ranmt.runtime.dropout.dropout` (training)."""
     return dropout(_attention_weights(q, k, allowed), dropout_p, True) @ v
 
 

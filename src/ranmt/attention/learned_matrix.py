@@ -32,7 +32,7 @@ from ranmt.attention.base import (
     merge_heads,
 )
 from ranmt.attention.base import split_heads as _split
-from ranmt.dropout import dropout
+from ranmt.runtime.dropout import dropout
 
 
 def xavier_per_head_(matrix: Tensor) -> Tensor:

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ranmt.attention.base import AttentionSpec, AttnOutput, merge_heads, split_heads
 from ranmt.attention.dot_product import DotProductAttention
 from ranmt.attention.registry import register
-from ranmt.dropout import dropout
+from ranmt.runtime.dropout import dropout
 
 ExpandKVVariant = Literal[1, 2, 3, 4]
 

@@ -46,7 +46,7 @@ def _args_export(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export(args) -> None:
-    from ranmt.export import export_ctranslate2, export_hf_marian
+    from ranmt.inference.export import export_ctranslate2, export_hf_marian
 
     if args.format == "hf-marian":
         path = export_hf_marian(args.checkpoint, args.out)

@@ -4,9 +4,11 @@ the decoding and scoring commands."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import typing
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 
 class Command(NamedTuple):
@@ -35,14 +37,8 @@ def decode_options(parser: argparse.ArgumentParser) -> None:
                         help="run directory (its best checkpoint) or a checkpoint; repeat it "
                              "to decode with an ensemble (the mean of the models' "
                              "log-probabilities; same prepared data required)")
-    parser.add_argument("--beam", type=int, help="beam size (default from the config: 4)")
-    parser.add_argument("--lenpen", type=float, help="length penalty alpha (default 0.6)")
-    parser.add_argument("--batch-size", type=int, help="sentences per batch (default 64)")
-    parser.add_argument("--max-len-a", type=float, help="max output length a*|src|+b: a")
-    parser.add_argument("--max-len-b", type=int, help="max output length a*|src|+b: b")
-    parser.add_argument("--truncate-long", action="store_true",
-                        help="truncate inputs longer than max_positions (with a warning) "
-                             "instead of failing")
+    for name in ("beam", "lenpen", "batch_size", "max_len_a", "max_len_b", "truncate_long"):
+        add_decode_flag(parser, name)
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
                         help="int8: int8 dynamic quantization of the linear layers (CPU only; "
@@ -54,22 +50,41 @@ def decode_options(parser: argparse.ArgumentParser) -> None:
                         help="no progress bar (shown on stderr when it is a terminal)")
 
 
-def load_translator(args: argparse.Namespace):
-    """The :class:`~ranmt.translator.Translator` that :func:`decode_options` (and, for
-    translate, the n-best and sampling options) describe, after checking their ranges."""
-    from ranmt.translator import Translator
+def decode_flag(name: str) -> str:
+    """The command-line flag of DecodeConfig field ``name``: ``max_len_a`` -> ``--max-len-a``."""
+    return "--" + name.replace("_", "-")
 
-    if args.beam is not None and args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, not {args.beam}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, not {args.batch_size}")
+
+def add_decode_flag(parser, name: str) -> None:
+    """``--NAME`` for :class:`ranmt.config.DecodeConfig` field ``name``, from its declaration
+    (type, choices, help, default). The flag defaults to None: unset, the checkpoint's
+    ``decode.NAME`` applies (the declared default in a config that does not set it)."""
+    from ranmt.config import DecodeConfig, decode_field
+
+    spec = decode_field(name)
+    kind = typing.get_type_hints(DecodeConfig)[name]
+    shown = f"{spec.default:g}" if isinstance(spec.default, float) else spec.default
+    help_text = f"{spec.metadata['help']} (default: the checkpoint's; {shown} unless it sets one)"
+    if kind is bool:
+        parser.add_argument(decode_flag(name), action="store_true", default=None,
+                            help=spec.metadata["help"])
+    elif typing.get_origin(kind) is Literal:  # "none" is the flag left out
+        parser.add_argument(decode_flag(name), choices=[c for c in typing.get_args(kind)
+                                                        if c != "none"], help=help_text)
+    else:
+        parser.add_argument(decode_flag(name), type=kind, help=help_text)
+
+
+def load_translator(args: argparse.Namespace):
+    """The :class:`~ranmt.inference.translator.Translator` that :func:`decode_options` (and, for
+    translate, the n-best and sampling options) describe, after checking their ranges."""
+    from ranmt.config import DecodeConfig, check_decode_bounds
+    from ranmt.inference.translator import Translator
+
     nbest = getattr(args, "nbest", None)
     sampling = getattr(args, "sampling", None)
-    if nbest is not None and nbest < 1:
-        raise ValueError("--nbest must be >= 1")
-    for name in ("max_len_a", "max_len_b"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
+    check_decode_bounds({f.name: getattr(args, f.name, None)
+                         for f in dataclasses.fields(DecodeConfig)}, decode_flag)
     if not sampling and any(getattr(args, name, None) is not None
                             for name in ("topk", "topp", "epsilon", "temperature", "seed")):
         raise ValueError("--topk/--topp/--epsilon/--temperature/--seed go with --sampling")

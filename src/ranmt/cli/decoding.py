@@ -10,6 +10,7 @@ import sys
 
 from ranmt.cli.common import (
     Command,
+    add_decode_flag,
     chosen_metrics,
     decode_options,
     load_translator,
@@ -23,8 +24,7 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
     decode_options(p)
     p.add_argument("--input", help="input file (default stdin)")
     p.add_argument("--output", help="output file (default stdout)")
-    p.add_argument("--nbest", type=int, help="print the n best hypotheses (the number of "
-                   "samples with --sampling): idx<TAB>score<TAB>text")
+    add_decode_flag(p, "nbest")  # printed as idx<TAB>score<TAB>text
     p.add_argument("--errors", default="strict", choices=["strict", "replace"])
     p.add_argument("--prefix", metavar="FILE",
                    help="target prefixes, one line per input line (empty: none): each "
@@ -39,15 +39,8 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
                    help="score these translations of the input instead of translating: "
                         "per line normalized<TAB>total<TAB>per-token log-probs")
     group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
-    group.add_argument("--sampling", choices=["topk", "topp", "eps"],
-                       help="topk: the k most probable tokens; topp: nucleus (the smallest "
-                            "set holding P); eps: tokens of probability >= epsilon")
-    group.add_argument("--topk", type=int, help="topk: k (default 0 = the whole vocabulary)")
-    group.add_argument("--topp", type=float, help="topp: P (default 0.9)")
-    group.add_argument("--epsilon", type=float, help="eps: epsilon (default 0.02)")
-    group.add_argument("--temperature", type=float, help="divide log-probs by T (default 1)")
-    group.add_argument("--seed", type=int, help="seed: same inputs and seed, same samples "
-                                                "(default 0)")
+    for name in ("sampling", "topk", "topp", "epsilon", "temperature", "seed"):
+        add_decode_flag(group, name)
 
 
 def _cmd_translate(args) -> None:
@@ -101,7 +94,7 @@ def _translation_lines(translator, lines: list[str], prefixes: list[str] | None,
     def text(hyp) -> str:
         if not args.alignments:
             return hyp.text
-        from ranmt.scoring import format_alignment
+        from ranmt.inference.scoring import format_alignment
 
         return f"{hyp.text} ||| {format_alignment(hyp.alignment or [])}"
 

@@ -64,16 +64,16 @@ def _args_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default="none", choices=["none", "int8"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: weights and activations in bf16 (see translate --help)")
-    from ranmt.serve_limits import add_limit_options
+    from ranmt.serving.limits import add_limit_options
 
-    add_limit_options(p)  # --max-lines ... --request-timeout: ranmt.serve_limits
+    add_limit_options(p)  # --max-lines ... --request-timeout: ranmt.serving.limits
     p.add_argument("--api-key-file", metavar="FILE",
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health, "
                         "KEY the file's first line (or set $RANMT_API_KEY)")
 
 
 def _cmd_serve(args) -> None:
-    from ranmt.serve import ServeLimits, read_api_key, serve
+    from ranmt.serving.app import ServeLimits, read_api_key, serve
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")

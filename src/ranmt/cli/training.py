@@ -20,7 +20,7 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train(args) -> None:
     from ranmt.config import load_config
-    from ranmt.train import train
+    from ranmt.training.train import train
 
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg, args.data, args.out)

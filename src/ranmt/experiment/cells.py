@@ -20,8 +20,8 @@ from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
 from ranmt.experiment.spec import Cell, Dataset
-from ranmt.train import train
-from ranmt.translator import Translator
+from ranmt.inference.translator import Translator
+from ranmt.training.train import train
 
 
 def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:

@@ -17,8 +17,8 @@ from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
 from ranmt.config import decode_with, to_dict
 from ranmt.data.corpus import fill_config_from_data
 from ranmt.experiment.spec import Cell, source_run_dir
-from ranmt.precision import PrecisionError, legacy_precision, resolve_precision
-from ranmt.translator import device_kind
+from ranmt.inference.translator import device_kind
+from ranmt.runtime.precision import PrecisionError, legacy_precision, resolve_precision
 
 # Prepared-data files that decide what a cell learns from (the tokenizers and the token
 # ids of the training and validation text); a reused cell must have been trained on

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import Attention
-from ranmt.dropout import Dropout
-from ranmt.precision import activation_dtype
+from ranmt.runtime.dropout import Dropout
+from ranmt.runtime.precision import activation_dtype
 
 
 class SinusoidalPositions(nn.Module):

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
-from ranmt.packed import inference_linear, use_packed_linears
+from ranmt.runtime.packed import inference_linear, use_packed_linears
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 

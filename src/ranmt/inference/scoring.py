@@ -4,7 +4,7 @@
 and a target y of |y| subwords, the log-probability of each target token given the ones
 before, EOS included: ``log p(y_t | y_<t, x)`` for t = 1..|y|+1; their sum (the total), and
 the total divided by the length penalty of |y|+1 tokens, the score beam search ranks
-finished hypotheses by (:func:`ranmt.decode.length_penalty`) — so scoring a beam output
+finished hypotheses by (:func:`ranmt.inference.decode.length_penalty`) — so scoring a beam output
 gives back the score the search gave it.
 
 **Alignment** (Marian's ``--alignment``, CTranslate2's ``return_attention``): each target
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ranmt.decode import length_penalty
-from ranmt.ensemble import members, teacher_forced_logprobs
+from ranmt.inference.decode import length_penalty
+from ranmt.inference.ensemble import members, teacher_forced_logprobs
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID
 
 WORD_START = "\u2581"

@@ -103,9 +103,6 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
     """The ``POST /translate`` body for these limits (a pydantic model). The sampling
     defaults are :class:`ranmt.config.DecodeConfig`'s; beam and nbest default to the
     checkpoint's (None here)."""
-    from ranmt.config import DecodeConfig
-
-    decode = DecodeConfig()
     line = Annotated[StrictStr, Field(max_length=max_chars)]
     return create_model(
         "TranslateRequest", __base__=_TranslateBase,
@@ -113,12 +110,11 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
                                 description="lines to translate")),
         model=(StrictStr | None, Field(None, description="a name from GET /models (default: "
                                                          "the first loaded)")),
-        beam=(StrictInt | None, Field(None, ge=1, le=max_beam, description=(
-            "beam size (default: the checkpoint's decode.beam, as `ranmt translate` uses "
-            "it, at most the server's limit)"))),
-        nbest=(StrictInt | None, Field(None, ge=1, le=max_beam, description=(
-            "hypotheses per line, at most the beam size (default: the checkpoint's "
-            "decode.nbest)"))),
+        beam=_decode_field("beam", StrictInt | None, le=max_beam, default=None,
+                           note="default: the checkpoint's decode.beam, as `ranmt translate` "
+                                "uses it; at most the server's limit"),
+        nbest=_decode_field("nbest", StrictInt | None, le=max_beam, default=None,
+                            note="default: the checkpoint's decode.nbest"),
         attention=(StrictBool, Field(False, description="return attention weights")),
         timeout_s=_timeout_field(max_timeout_s),
         prefix=(list[line] | None, Field(None, max_length=max_lines, description=(
@@ -128,17 +124,31 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
         sampling=(Literal["topk", "topp", "eps"] | None, Field(None, description=(
             "sample nbest translations per line instead of beam search: topk (the k most "
             "probable tokens), topp (nucleus), eps (tokens of probability >= epsilon)"))),
-        topk=(StrictInt, Field(decode.topk, ge=0, le=1_000_000,
-                               description="topk: k (0 = all)")),
-        topp=(StrictFloat, Field(decode.topp, gt=0, le=1,
-                                 description="topp: probability mass kept")),
-        epsilon=(StrictFloat, Field(decode.epsilon, ge=0, lt=1,
-                                    description="eps: least probability")),
-        temperature=(StrictFloat, Field(decode.temperature, gt=0, le=100,
-                                        description="sampling temperature")),
-        seed=(StrictInt, Field(decode.seed, ge=0, le=2**63 - 1,
-                               description="sampling seed")),
+        topk=_decode_field("topk", StrictInt, le=1_000_000),
+        topp=_decode_field("topp", StrictFloat),
+        epsilon=_decode_field("epsilon", StrictFloat),
+        temperature=_decode_field("temperature", StrictFloat, le=100),
+        seed=_decode_field("seed", StrictInt, le=2**63 - 1),
     )
+
+
+_DECLARED = object()
+
+
+def _decode_field(name: str, annotation: Any, *, le: float | None = None,
+                  default: Any = _DECLARED, note: str = "") -> tuple:
+    """A request field for :class:`ranmt.config.DecodeConfig` field ``name``: its declared
+    help, bounds and default (unless the server gives another, e.g. None = the
+    checkpoint's), with the server's own cap ``le`` where the declaration has none."""
+    from ranmt.config import decode_field
+
+    spec = decode_field(name)
+    bounds = dict(spec.metadata["bounds"])
+    if le is not None and "le" not in bounds and "lt" not in bounds:
+        bounds["le"] = le
+    description = spec.metadata["help"] + (f" ({note})" if note else "")
+    return (annotation, Field(spec.default if default is _DECLARED else default,
+                              description=description, **bounds))
 
 
 def _timeout_field(max_timeout_s: float):

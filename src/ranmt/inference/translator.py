@@ -6,10 +6,11 @@ than ``model.max_positions`` subwords (EOS included) is an error naming its line
 length, unless ``truncate_long`` is set, in which case it is cut with a warning.
 
 Beyond beam search (see the README's "Decoding" section): ``prefixes`` force the start of
-each output (``ranmt.decode``); ``decode.sampling`` draws ``nbest`` samples per input
-(``ranmt.sampling``); :meth:`Translator.score` gives the model's log-probabilities of given
-translations and :meth:`Translator.translate_detailed` word alignments (``ranmt.scoring``);
-``Translator.load([a, b, ...])`` decodes with an ensemble (``ranmt.ensemble``).
+each output (``ranmt.inference.decode``); ``decode.sampling`` draws ``nbest`` samples per
+input (``ranmt.inference.sampling``); :meth:`Translator.score` gives the model's
+log-probabilities of given translations and :meth:`Translator.translate_detailed` word
+alignments (``ranmt.inference.scoring``);
+``Translator.load([a, b, ...])`` decodes with an ensemble (``ranmt.inference.ensemble``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from tqdm.auto import tqdm
 
 from ranmt.checkpoint import load_checkpoint
 from ranmt.config import DecodeConfig, decode_with
-from ranmt.continuous import ContinuousDecoder
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
-from ranmt.decode import search
-from ranmt.ensemble import Ensemble
-from ranmt.memory import retain_freed_memory
-from ranmt.sampling import Sampler, sample
-from ranmt.scoring import PairScore, align, score_targets, word_alignment
+from ranmt.inference.continuous import ContinuousDecoder
+from ranmt.inference.decode import search
+from ranmt.inference.ensemble import Ensemble
+from ranmt.inference.sampling import Sampler, sample
+from ranmt.inference.scoring import PairScore, align, score_targets, word_alignment
+from ranmt.runtime.memory import retain_freed_memory
 
 
 class InputTooLongError(ValueError):
@@ -97,18 +98,19 @@ class Translator:
         Several checkpoints (a list of more than one) decode as an ensemble; they must have
         the same SentencePiece models (the decoding settings are the first one's).
         ``quantize="int8"``: int8 dynamic quantization of the linear layers (CPU only;
-        see :mod:`ranmt.quantize`). ``precision="bf16"``: weights and activations in bf16
+        see :mod:`ranmt.inference.quantize`). ``precision="bf16"``: weights and activations in bf16
         (log-probabilities and scores in fp32), on a GPU or a CPU with native bf16.
 
-        On a CPU this tunes the process's malloc once (:func:`ranmt.memory.retain_freed_memory`:
+        On a CPU this tunes the process's malloc once
+        (:func:`ranmt.runtime.memory.retain_freed_memory`:
         freed heap memory is kept for reuse, so decoding steps stop page-faulting their
         buffers in; the process keeps its peak memory)."""
-        from ranmt.quantize import quantize_model
+        from ranmt.inference.quantize import quantize_model
 
         device_ = pick_device(device)
         if device_.type == "cpu":
             # Decoding allocates the (rows x vocabulary) logits and log-probabilities anew
-            # every step; without this each one page-faults in (ranmt.memory).
+            # every step; without this each one page-faults in (ranmt.runtime.memory).
             retain_freed_memory()
         if quantize != "none" and device_.type != "cpu":
             raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
@@ -209,7 +211,7 @@ class Translator:
                       d.max_len_b, d.nbest, prefix=prefix)
 
     def continuous_decoder(self, **decode_overrides) -> tuple[ContinuousDecoder, DecodeConfig]:
-        """A step-level batching decoder (:mod:`ranmt.continuous`) with this model's
+        """A step-level batching decoder (:mod:`ranmt.inference.continuous`) with this model's
         decoding settings and ``decode_overrides``, and those settings. With sampling it
         draws one sample per added line (add a line ``nbest`` times, each with the
         generator of :func:`line_generator`)."""
@@ -247,7 +249,7 @@ class Translator:
                            prefixes: list[str] | None = None, alignment: bool = False,
                            alignment_layer: int | None = None) -> list[list[Hypothesis]]:
         """Raw sentences in -> per sentence its hypotheses with their subword ids and, with
-        ``alignment``, word alignments (``ranmt.scoring``: the cross-attention of
+        ``alignment``, word alignments (``ranmt.inference.scoring``: the cross-attention of
         ``alignment_layer``, the penultimate decoder layer by default)."""
         ids = self.encode_sources(sentences)
         prefix_ids = None if prefixes is None else self.encode_targets(prefixes)
@@ -289,7 +291,8 @@ class Translator:
 
     def align_ids(self, sources: list[list[int]], targets: list[list[int]],
                   layer: int | None = None) -> list[list[tuple[int, int]]]:
-        """Subword alignments (source index, target index) of id pairs (``ranmt.scoring``)."""
+        """Subword alignments (source index, target index) of id pairs
+        (``ranmt.inference.scoring``)."""
         sources = self.check_lengths(sources)
         pairs = self._pairs_in_batches(sources, targets,
                                        lambda src, tgt: align(self.model, src, tgt, layer))
@@ -298,7 +301,7 @@ class Translator:
     def score(self, sources: list[str], targets: list[str], first_line: int = 1
               ) -> list[PairScore | None]:
         """The model's log-probabilities of given translations: per pair a
-        :class:`ranmt.scoring.PairScore` (None where either side is empty)."""
+        :class:`ranmt.inference.scoring.PairScore` (None where either side is empty)."""
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         return self.score_ids(self.encode_sources(sources), self.encode_targets(targets),
@@ -359,7 +362,7 @@ def _check_same_vocabularies(directories: list[Path]) -> None:
 
 def _check_precision(precision: str, quantize: str, device: torch.device) -> None:
     """Decoding precision: fp32, or bf16 on a GPU or a CPU with native bf16."""
-    from ranmt.precision import cpu_bf16_support
+    from ranmt.runtime.precision import cpu_bf16_support
 
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, not '{precision}'")

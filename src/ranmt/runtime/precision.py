@@ -24,7 +24,7 @@ output to bf16, so the whole residual stream is bf16 (half the memory traffic of
 elementwise work, no casts between products), while the weights stay fp32 (master copies,
 cast once per autocast region by autocast's cache), gradients reach them in fp32, and the
 optimizer state is fp32. Softmax-like reductions accumulate in fp32 inside PyTorch's bf16
-kernels; the loss is computed from fp32 logits (``ranmt.train.label_smoothed_loss``).
+kernels; the loss is computed from fp32 logits (``ranmt.training.train.label_smoothed_loss``).
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ class ServeLimits:
         "step: lines join the decoding batch between two steps and leave it when they "
         "finish (a new request starts within a step); batch: batches are formed whole and "
         "decoded to their end (default step)")
-    """How translations are batched: ``step`` (step-level batching, :mod:`ranmt.continuous`:
+    """How translations are batched: ``step`` (step-level batching,
+    :mod:`ranmt.inference.continuous`:
     a request that arrives while others decode starts at the next step) or ``batch`` (a
     batch is formed from the waiting requests and decoded to its end before the next one
     is formed). Scoring is always batch-level."""
@@ -74,7 +75,7 @@ class ServeLimits:
         "step batching: decode each model in a worker process of its own (the HTTP side "
         "never waits for decoding; a worker that dies is restarted) or in a thread of the "
         "server's process (default process)")
-    """Where step-level decoding runs (:mod:`ranmt.serve_worker`): ``process``, a worker
+    """Where step-level decoding runs (:mod:`ranmt.serving.worker`): ``process``, a worker
     process per model that loads its own copy of the model, or ``thread``, the server's
     decoding thread. Scoring, alignments and attention maps run in the server's process."""
 

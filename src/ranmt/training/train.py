@@ -7,9 +7,9 @@ every ``validate_every`` steps, best-by-BLEU and last-K checkpoints, early stopp
 ``max_steps`` / ``max_epochs`` / ``max_time`` limits, exact resume (model, optimizer,
 schedule, RNG, epoch and batch position), TensorBoard scalars and a progress bar.
 
-Loss (:mod:`ranmt.loss`): what ``F.cross_entropy(..., label_smoothing=eps)`` gives, i.e. for a
-target y and V classes ``(1 - eps) * (-log p_y) + eps * mean_v(-log p_v)``, summed over non-pad
-target tokens, as one fused autograd function.
+Loss (:mod:`ranmt.training.loss`): what ``F.cross_entropy(..., label_smoothing=eps)`` gives,
+i.e. for a target y and V classes ``(1 - eps) * (-log p_y) + eps * mean_v(-log p_v)``,
+summed over non-pad target tokens, as one fused autograd function.
 """
 
 from __future__ import annotations
@@ -59,20 +59,20 @@ from ranmt.data.corpus import (
     raw_text,
 )
 from ranmt.data.vocab import Vocab
-from ranmt.distributed import (
+from ranmt.evaluate import score
+from ranmt.inference.translator import Translator
+from ranmt.model import build_model, count_parameters
+from ranmt.runtime.dropout import fast_masks
+from ranmt.runtime.memory import retain_freed_memory
+from ranmt.runtime.precision import PrecisionPolicy, legacy_precision
+from ranmt.training.distributed import (
     all_reduce_sum,
     barrier,
     broadcast_object,
     init_distributed,
     shutdown,
 )
-from ranmt.dropout import fast_masks
-from ranmt.evaluate import score
-from ranmt.loss import label_smoothed_loss
-from ranmt.memory import retain_freed_memory
-from ranmt.model import build_model, count_parameters
-from ranmt.precision import PrecisionPolicy, legacy_precision
-from ranmt.translator import Translator
+from ranmt.training.loss import label_smoothed_loss
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> float:
@@ -291,7 +291,7 @@ class TrainingRun:
 
     def _setup_precision(self) -> None:
         """The run's precision: resolved once when it starts (``auto`` by the hardware,
-        :mod:`ranmt.precision`) and kept in the trainer state, so that a resumed run goes on
+        :mod:`ranmt.runtime.precision`) and kept in the trainer state, so that a resumed run goes on
         in the precision it started in, on any machine."""
         recorded = self.state.get("precision")
         if recorded is not None:

@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch import nn
 
-from ranmt.packed import plain_linears
+from ranmt.runtime.packed import plain_linears
 
 QUANTIZE_MODES = ("none", "int8")
 

@@ -1,6 +1,6 @@
 """``ranmt serve``: trained models behind an HTTP API (FastAPI + uvicorn), batched dynamically.
 
-Endpoints (bodies and bounds: :mod:`ranmt.serve_schema`, ``/openapi.json``, docs/SERVING.md):
+Endpoints (bodies and bounds: :mod:`ranmt.serving.schema`, ``/openapi.json``, docs/SERVING.md):
 
 * ``POST /translate`` ``{"text": ["...", ...]}`` plus optional ``model``, ``beam``, ``nbest``,
   ``attention``, ``alignment``, ``prefix`` (one target prefix per line), ``sampling``
@@ -9,12 +9,12 @@ Endpoints (bodies and bounds: :mod:`ranmt.serve_schema`, ``/openapi.json``, docs
   input line in input order: ``{"text", "score"}`` plus ``"nbest"`` when ``nbest`` > 1,
   ``"alignment"`` and ``"attention"`` when asked (``ranmt.analysis.maps``).
 * ``POST /score`` ``{"source": [...], "target": [...]}``: the model's log-probabilities of
-  given translations (``ranmt.scoring``).
+  given translations (``ranmt.inference.scoring``).
 * ``GET /models``, ``GET /health`` (alive), ``GET /ready`` (models loaded, workers running),
   ``GET /metrics`` (Prometheus).
-* ``GET /``: the attention explorer (static files shipped in ``ranmt/explorer``).
+* ``GET /``: the attention explorer (static files shipped in ``ranmt/serving/explorer``).
 
-Each model has one bounded queue and worker (:mod:`ranmt.serve_batching`): admission up to
+Each model has one bounded queue and worker (:mod:`ranmt.serving.batching`): admission up to
 ``max_queued_tokens`` (503 + ``Retry-After`` beyond), deadlines (504), departed clients'
 work dropped, and batches formed from the waiting requests in turns, so a small request is
 not held behind a burst. Decoding runs in a worker thread (the event loop keeps accepting
@@ -43,10 +43,11 @@ from fastapi.staticfiles import StaticFiles
 
 from ranmt.analysis.maps import attention_maps
 from ranmt.data.batching import pad_sources
-from ranmt.scoring import word_alignment
-from ranmt.serve_batching import Batcher, QueueFullError, StepBatcher, Work, wait_for_job
-from ranmt.serve_limits import ServeLimits
-from ranmt.serve_schema import (
+from ranmt.inference.scoring import word_alignment
+from ranmt.inference.translator import InputTooLongError, Translator
+from ranmt.serving.batching import Batcher, QueueFullError, StepBatcher, Work, wait_for_job
+from ranmt.serving.limits import ServeLimits
+from ranmt.serving.schema import (
     ErrorResponse,
     RequestError,
     ScoreResponse,
@@ -55,7 +56,6 @@ from ranmt.serve_schema import (
     request_model,
     score_request_model,
 )
-from ranmt.translator import InputTooLongError, Translator
 
 # ------------------------------------------------------------------------------ validation
 
@@ -505,7 +505,7 @@ def _check_content_type(header: str | None) -> None:
 
 
 def _quantized(translator: Translator) -> bool:
-    from ranmt.quantize import is_quantized
+    from ranmt.inference.quantize import is_quantized
 
     return is_quantized(translator.model)
 
@@ -545,7 +545,7 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
 
 def warm_up(translator: Translator) -> None:
     """Decode one short input with the model (beneath the Translator: not a request)."""
-    from ranmt.decode import search
+    from ranmt.inference.decode import search
 
     search(translator.model, pad_sources([[4, 5, 6]]).to(translator.device), beam=2,
            max_len_a=0.0, max_len_b=3)
@@ -573,7 +573,7 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
     except ValueError:
         loopback = False
     if not loopback and api_key is None:
-        logging.getLogger("ranmt.serve").warning(
+        logging.getLogger("ranmt.serving.app").warning(
             "serving on %s without an API key: anyone who can reach this address can use "
             "the models and their compute (--api-key-file or $%s)", host, API_KEY_ENV)
 

@@ -2,9 +2,9 @@
 default) or in a thread of the server's process.
 
 * :class:`LineDecoding`: lines in, finished lines out. One
-  :class:`ranmt.continuous.ContinuousDecoder` per kind of work (decoding options); with
+  :class:`ranmt.inference.continuous.ContinuousDecoder` per kind of work (decoding options); with
   sampling a line's ``nbest`` draws are decoded as rows of their own, from the line's own
-  generator (:func:`ranmt.translator.line_generator`), and answered together.
+  generator (:func:`ranmt.inference.translator.line_generator`), and answered together.
   :meth:`LineDecoding.step` advances every decoder by one step.
 * :class:`ThreadDecoding` (``--workers thread``) runs those steps in the server's decoding
   thread, one per call, so that lines are admitted between two steps. Decoding and the
@@ -20,7 +20,7 @@ default) or in a thread of the server's process.
   exits before it is ready fails the server's start; after three restarts in a row that
   never got ready no more are started (``/ready`` stays 503, waiting requests get 504).
 
-Both tell the queue (:class:`ranmt.serve_batching.StepBatcher`) what finished through
+Both tell the queue (:class:`ranmt.serving.batching.StepBatcher`) what finished through
 ``on_done(key, hypotheses)`` and ``on_failed(keys, error)`` (``key``: the queue's number for
 one line of one request), and how many steps were taken with how many sentences through
 ``on_steps(steps, sentences)``.
@@ -42,7 +42,8 @@ OnSteps = Callable[[int, int], None]
 
 
 class LineDecoding:
-    """Lines in, finished lines out, for one loaded :class:`ranmt.translator.Translator`."""
+    """Lines in, finished lines out, for one loaded
+    :class:`ranmt.inference.translator.Translator`."""
 
     def __init__(self, translator):
         self.translator = translator
@@ -54,7 +55,7 @@ class LineDecoding:
             line: int) -> None:
         """Line ``line`` of a request (``ids``; ``prefix`` or None), decoded with
         ``options`` (sorted (name, value) pairs of decoding settings)."""
-        from ranmt.translator import line_generator
+        from ranmt.inference.translator import line_generator
 
         if options not in self.decoders:
             self.decoders[options] = self.translator.continuous_decoder(**dict(options))
@@ -148,8 +149,8 @@ class WorkerDiedError(RuntimeError):
 class ProcessDecoding:
     """Step-level decoding in a process of its own (see the module docstring).
 
-    ``load``: the keyword arguments of :meth:`ranmt.translator.Translator.load` that give
-    the served model (:attr:`ranmt.translator.Translator.load_options`)."""
+    ``load``: the keyword arguments of :meth:`ranmt.inference.translator.Translator.load` that give
+    the served model (:attr:`ranmt.inference.translator.Translator.load_options`)."""
 
     def __init__(self, load: dict, name: str, on_done: OnDone, on_failed: OnFailed,
                  on_steps: OnSteps):
@@ -282,14 +283,14 @@ def _context():
     if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: spawn
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ranmt.serve_worker", "ranmt.translator"])
+    context.set_forkserver_preload(["ranmt.serving.worker", "ranmt.inference.translator"])
     return context
 
 
 def _worker_main(connection, load: dict) -> None:
     """The worker process: load the model, then take lines and step while it holds any."""
-    from ranmt.serve import warm_up
-    from ranmt.translator import Translator
+    from ranmt.inference.translator import Translator
+    from ranmt.serving.app import warm_up
 
     with contextlib.suppress(OSError):
         os.nice(5)

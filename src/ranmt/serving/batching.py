@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ranmt.serve_schema import RequestError
+from ranmt.serving.schema import RequestError
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def timeout_error() -> RequestError:
 
 class Batcher:
     """One model's bounded queue and worker (see the module docstring). ``limits`` is a
-    :class:`ranmt.serve.ServeLimits`; ``metrics`` a :class:`ranmt.serve.ServeMetrics`."""
+    :class:`ranmt.serving.limits.ServeLimits`; ``metrics`` a
+    :class:`ranmt.serving.app.ServeMetrics`."""
 
     def __init__(self, translator, limits, executor: concurrent.futures.Executor,
                  metrics=None, name: str = "model"):
@@ -302,7 +303,7 @@ class Batcher:
 
 class StepBatcher(Batcher):
     """The queue of :class:`Batcher` with step-level batching of translations
-    (:mod:`ranmt.continuous`): waiting lines are admitted into the decoding batch between
+    (:mod:`ranmt.inference.continuous`): waiting lines are admitted into the decoding batch between
     two steps, up to ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens
     decoding (a line alone is always admitted), each free row to the job with the fewest
     lines decoding now (the first in turn among equals): a request that arrives behind a
@@ -312,13 +313,13 @@ class StepBatcher(Batcher):
 
     Decoding runs in a worker process of the model (``limits.workers == "process"``, when
     the translator was loaded from a checkpoint) or in the decoding thread
-    (:mod:`ranmt.serve_worker`). A job is started (no longer dropped at its deadline or
+    (:mod:`ranmt.serving.worker`). A job is started (no longer dropped at its deadline or
     when its client leaves) once a line of it is admitted; a failed step, or a worker that
     died, fails the jobs with lines decoding there (their other lines are not decoded)."""
 
     def __init__(self, translator, limits, executor: concurrent.futures.Executor,
                  metrics=None, name: str = "model"):
-        from ranmt.serve_worker import ProcessDecoding, ThreadDecoding
+        from ranmt.serving.worker import ProcessDecoding, ThreadDecoding
 
         super().__init__(translator, limits, executor, metrics, name)
         if limits.workers == "process" and translator.load_options is not None:

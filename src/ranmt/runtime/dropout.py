@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 _fast = False
-"""Set by :func:`fast_masks` (a module variable, like ``ranmt.precision``'s)."""
+"""Set by :func:`fast_masks` (a module variable, like ``ranmt.runtime.precision``'s)."""
 
 _LANES = 65536  # values of one 16-bit lane
 

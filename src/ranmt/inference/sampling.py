@@ -17,7 +17,7 @@ included): what the model gives the sample, comparable with a beam search score 
 length normalisation. Draws come from one ``torch.Generator`` seeded per call, so the same
 inputs, settings and seed give the same samples (on the same device and batch layout).
 Length limits, forced EOS and target prefixes are those of greedy search
-(:func:`ranmt.decode.greedy_search` with this module's ``pick``).
+(:func:`ranmt.inference.decode.greedy_search` with this module's ``pick``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ranmt.config import check_sampling
-from ranmt.decode import greedy_search
+from ranmt.inference.decode import greedy_search
 
 METHODS = ("topk", "topp", "eps")
 

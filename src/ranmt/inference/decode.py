@@ -12,7 +12,7 @@ tokens including EOS): ``gnmt``: ``((5 + |Y|) / 6) ** alpha`` (Wu et al., 2016),
 Target prefixes (``prefix`` (B, P) token ids, right-padded with PAD): for the first
 ``len(prefix[b])`` steps sentence b may only write its prefix token, whose log-probability
 counts in the score; the search continues freely after it, and the length limit is raised to
-the prefix length where it is shorter. Sampling (``ranmt.sampling``) runs through
+the prefix length where it is shorter. Sampling (``ranmt.inference.sampling``) runs through
 :func:`greedy_search` with another ``pick``.
 
 Three implementations of each search, with the same hypotheses and scores: the reference
@@ -287,7 +287,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     The fast path: histories in static caches, tokens written into one (B, max_len + 1)
     tensor, finished sentences leave the batch. Same output as
     :func:`greedy_search_reference`. ``pick`` (log-probs (n, V) -> (scores (n,), tokens
-    (n,))) replaces the arg-max: a sampler (``ranmt.sampling``); the scores it returns are
+    (n,))) replaces the arg-max: a sampler (``ranmt.inference.sampling``); the scores it returns are
     what the hypothesis' score sums.
     """
     batch, device = src.shape[0], src.device
@@ -489,7 +489,7 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
     """:func:`_constrain` for every row at once, without reading a device value on the host:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
     (in place). ``step``: the step of every row, or each row's own (N,) (step-level
-    batching, ``ranmt.continuous``)."""
+    batching, ``ranmt.inference.continuous``)."""
     per_row = isinstance(step, Tensor)
     if per_row and fixed_length is not None:
         logprobs[:, EOS_ID].masked_fill_(step.lt(fixed_length), float("-inf"))

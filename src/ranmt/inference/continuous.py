@@ -18,14 +18,14 @@ starts within two steps (``join_wait``). What makes it possible:
   the longer history), and their search state to the running state.
 * **Leaving.** A sentence with ``beam`` finished hypotheses (or nothing left to extend,
   or EOS in greedy search and sampling) is answered at once and its rows leave the batch,
-  as in the shrinking search (:func:`ranmt.decode.beam_search`).
+  as in the shrinking search (:func:`ranmt.inference.decode.beam_search`).
 
-The search itself is that of :mod:`ranmt.decode` (same candidates, same selection, same
+The search itself is that of :mod:`ranmt.inference.decode` (same candidates, same selection, same
 length limits, prefixes and length penalty), per sentence step instead of one step for
 the batch: each line gets the hypotheses and scores it gets decoded alone (within float
 noise: its rows share matrix products with other rows, and its source is padded to the
 batch's longest). Sampling draws each line's tokens from the generator given with it,
-over its own rows only: a request decoded alone with the seed ``ranmt.sampling.sample``
+over its own rows only: a request decoded alone with the seed ``ranmt.inference.sampling.sample``
 uses gives the same samples; sharing the batch with other requests does not change which
 tokens a request draws (unlike batch-level sampling, where one generator serves the
 whole batch).
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ranmt.data.batching import pad_sources
-from ranmt.decode import (
+from ranmt.inference.decode import (
     Finished,
     best_candidates,
     caps_with_prefix,
@@ -142,7 +142,7 @@ class ContinuousDecoder:
     """Decode lines with step-level batching (see the module docstring).
 
     ``beam`` 1 is greedy search, or sampling when lines come with a generator; the other
-    options are those of :func:`ranmt.decode.search` (``limit``: the longest output, by
+    options are those of :func:`ranmt.inference.decode.search` (``limit``: the longest output, by
     default the model's ``max_positions - 1``)."""
 
     def __init__(self, model, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
@@ -160,7 +160,7 @@ class ContinuousDecoder:
         self.fixed_length = fixed_length
         self.pick = pick
         """Sampling: ``generator -> (log-probs (n, V) -> (scores (n,), tokens (n,)))``, the
-        draw of :meth:`ranmt.sampling.Sampler.pick`."""
+        draw of :meth:`ranmt.inference.sampling.Sampler.pick`."""
         self.join_wait = join_wait
         """Steps a queued line may wait for company before it joins a running batch (1:
         the next step; 2, the default: the next or the one after). Every join copies the
@@ -286,7 +286,7 @@ class ContinuousDecoder:
 
     def _advance_beams(self, logprobs: Tensor) -> list[tuple[Any, Hypotheses]]:
         """One beam-search step of every sentence: the selection of
-        :func:`ranmt.decode.beam_search` with each sentence at its own step."""
+        :func:`ranmt.inference.decode.beam_search` with each sentence at its own step."""
         state, beam = self.sentences, self.beam
         row_steps = self._constrain(logprobs)
         top_scores, top_beams, top_tokens = best_candidates(logprobs, state.scores, beam)
@@ -345,7 +345,7 @@ class ContinuousDecoder:
 
     def _draw(self, logprobs: Tensor, generators: list) -> tuple[Tensor, Tensor]:
         """Sampling: the rows of each run of sentences sharing a generator drawn together,
-        in row order (as :func:`ranmt.sampling.sample` draws a request's rows)."""
+        in row order (as :func:`ranmt.inference.sampling.sample` draws a request's rows)."""
         scores, tokens, start = [], [], 0
         while start < len(generators):
             end = start
@@ -403,7 +403,7 @@ def _prefix_or_none(state: _Sentences) -> Tensor:
 
 
 def _finished_from(part) -> Finished:
-    """A :class:`ranmt.decode.Finished` whose tensors are ``part(name)`` for each of its
+    """A :class:`ranmt.inference.decode.Finished` whose tensors are ``part(name)`` for each of its
     scores, tokens, lengths and counts (a selection or a merge of others)."""
     finished = Finished.__new__(Finished)
     for name in ("scores", "tokens", "lengths", "counts"):

@@ -86,11 +86,11 @@ def test_grouped_cross_cache_equals_expanded_cache(arch, monkeypatch):
     src, _ = random_batch(batch=6, seed=3)
     fast = beam_search(model, src, beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=4)
     memory, pad_mask, _ = model.encode(src)
-    assert model.init_cache(memory, pad_mask, group=4)["group"] == 4
+    assert model.init_cache(memory, pad_mask, group=4).group == 4
     for layer in model.decoder.layers:
         if layer.cross_attention is not None:
             monkeypatch.setattr(layer.cross_attention, "grouped_memory", False)
-    assert model.init_cache(memory, pad_mask, group=4)["group"] == 1
+    assert model.init_cache(memory, pad_mask, group=4).group == 1
     reference = beam_search(model, src, beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4,
                             nbest=4)
     assert [[h[0] for h in hyps] for hyps in fast] == [[h[0] for h in hyps] for hyps in reference]
@@ -114,7 +114,7 @@ def test_grouped_cache_step_logprobs_and_sentence_drop():
         model.reorder_cache(grouped, order)
         model.reorder_cache(flat, order)
         prev = torch.randint(4, 20, (order.numel(), 1))
-    assert grouped["memory"].shape[0] == 2  # sentences 2 and 0 are left
+    assert grouped.memory.shape[0] == 2  # sentences 2 and 0 are left
     torch.testing.assert_close(model.decode_step(prev, grouped), model.decode_step(prev, flat))
     with pytest.raises(ValueError, match="one sentence"):
         model.reorder_cache(grouped, torch.tensor([0, 2, 1, 3]))

@@ -14,6 +14,7 @@ import torch
 from conftest import random_batch, tiny_model
 from ranmt.attention import REGISTRY, reorder_cache
 from ranmt.attention.base import cache_append
+from ranmt.attention.cache import AttentionCache
 from ranmt.inference.decode import (
     beam_search,
     beam_search_reference,
@@ -104,24 +105,24 @@ def test_static_cache_append_and_reorder():
     histories, always contiguous and always inside the two buffers allocated at the first
     step (no allocation afterwards); a step beyond the capacity is an error."""
     torch.manual_seed(0)
-    static, growing = {"capacity": 5, "step": 0}, {"step": 0}
+    static, growing = AttentionCache(capacity=5), AttentionCache()
     steps = [torch.randn(3, 2, 1, 4) for _ in range(5)]
     orders = {0: torch.tensor([2, 0, 0]), 2: torch.tensor([1, 2, 0]), 3: torch.tensor([0, 0])}
     for step, values in enumerate(steps):
-        static["step"] = growing["step"] = step
-        rows = growing["v"].shape[0] if "v" in growing else 3
+        static.step = growing.step = step
+        rows = growing.v.shape[0] if growing.v is not None else 3
         out_static = cache_append(static, "v", values[:rows])
         out_growing = cache_append(growing, "v", values[:rows])
         assert torch.equal(out_static, out_growing) and out_static.is_contiguous()
-        buffers = static["buffers"]["v"]
+        buffers = static.static["v"].buffers
         assert any(b.data_ptr() <= out_static.data_ptr() < b.data_ptr() + b.numel() * 4
                    for b in buffers)
         if step in orders:
             reorder_cache(static, orders[step])
             reorder_cache(growing, orders[step])
-            assert static["buffers"]["v"] is buffers  # gathered into the other buffer
+            assert static.static["v"].buffers is buffers  # gathered into the other buffer
     with pytest.raises(ValueError, match="capacity"):
-        static["step"] = 5
+        static.step = 5
         cache_append(static, "v", torch.randn(2, 2, 1, 4))
 
 
@@ -167,3 +168,20 @@ def test_fast_decoder_step_traces_as_one_graph(self_attention):
     torch._dynamo.reset()
     assert explained.graph_count == 1
     assert explained.graph_break_count == 0
+
+
+def test_a_mistyped_cache_part_is_an_error():
+    """The decoding cache has typed parts (ranmt.attention.cache): a misspelt part is an
+    error, not a new entry that nobody reads."""
+    model, _ = tiny_model(seed=0)
+    src, _ = random_batch(batch=2, seed=0)
+    memory, pad_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, pad_mask, capacity=4)
+    with pytest.raises(AttributeError):
+        cache.stpe = 1
+    with pytest.raises(AttributeError):
+        cache.layers[0].self_attention.histroy = memory
+    with pytest.raises(KeyError, match="'k' and 'v'"):
+        cache_append(cache.layers[0].self_attention, "q", torch.zeros(2, 1, 1, 4))
+    model.decode_step(torch.full((2, 1), 2), cache)
+    assert cache.step == 1 and cache.layers[0].self_attention.k.shape[2] == 1

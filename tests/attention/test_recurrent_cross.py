@@ -11,6 +11,7 @@ import torch
 
 from conftest import random_batch, tiny_model
 from ranmt.attention import AttentionSpec, build_attention
+from ranmt.attention.cache import AttentionCache
 from ranmt.attention.recurrent_cross import RecurrentCrossConfig
 from ranmt.inference.decode import beam_search, greedy_search
 
@@ -136,10 +137,10 @@ def test_incremental_equals_teacher_forced(name, options):
     query, memory, pad = inputs()
     with torch.no_grad():
         full = module(query, memory, key_padding_mask=pad).context
-        cache: dict = {}
+        cache = AttentionCache()
         steps = []
         for i in range(query.shape[1]):
-            cache["step"] = i
+            cache.step = i
             steps.append(module(query[:, i: i + 1], memory, key_padding_mask=pad,
                                 cache=cache).context)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

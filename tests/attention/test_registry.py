@@ -7,6 +7,7 @@ import torch
 
 from ranmt.attention import REGISTRY, AttentionSpec, build_attention, reorder_cache
 from ranmt.attention.base import build_mask
+from ranmt.attention.cache import AttentionCache
 from ranmt.attention.gaussian import HardcodedConfig
 from ranmt.attention.ran import RANConfig
 from ranmt.attention.recurrent_cross import RecurrentCrossConfig
@@ -99,10 +100,10 @@ def test_incremental_equals_full(name, role):
     query, memory, pad, causal = inputs(role)
     full = attention(query, memory, key_padding_mask=pad, causal=causal,
                      state=attention.initial_state()).context
-    cache: dict = {}
+    cache = AttentionCache()
     steps = []
     for t in range(query.shape[1]):
-        cache["step"] = t
+        cache.step = t
         step_memory = memory if role == "cross" else query[:, t: t + 1]
         out = attention(query[:, t: t + 1], step_memory, key_padding_mask=pad if role == "cross"
                         else None, causal=causal, state=attention.initial_state(), cache=cache)

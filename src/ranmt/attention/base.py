@@ -11,19 +11,20 @@ the variant is:
 * ``causal``: query i may only attend to keys j <= i (decoder self-attention).
 * ``state``: cross-layer state of the stack (e.g. RAN's refined matrix ``A_{l-1}``); the
   first layer gets :meth:`Attention.initial_state`, each layer passes ``out.state`` up.
-* ``cache``: a dict owned by the caller for incremental decoding (one per layer and
-  component). Variants store what they need (keys/values, values only, recurrent state);
-  every tensor in it has the batch (or batch x beam) dimension first, so the decoder can
-  reorder any variant's cache with :func:`reorder_cache`. ``cache["step"]`` (an int,
-  maintained by the decoder) is the index of the query position during incremental
-  decoding (T == 1). Per-step histories go through :func:`cache_append`: with
-  ``cache["capacity"]`` set (the fast decoder) their buffers are allocated once at that
-  length and written in place, otherwise they grow by concatenation (the reference).
-  Step-level batching (``ranmt.inference.continuous``) decodes rows that are at different positions:
-  then ``cache["positions"]`` (B,) long holds each row's query position and
-  ``cache["span"]`` (an int) the largest position + 1; a history keeps position j of every
-  row in slot j (rows shorter than the span have zeros after their position, masked by
-  :func:`rows_allowed`), and :func:`cache_append` writes each row at its own position.
+* ``cache``: an :class:`~ranmt.attention.cache.AttentionCache` owned by the caller for
+  incremental decoding (one per layer and component). Variants store what they need in
+  its parts (keys/values ``k``/``v``, values only, ``recurrent`` state); every tensor in
+  it has the batch (or batch x beam) dimension first, so the decoder can reorder any
+  variant's cache with :func:`reorder_cache`. ``cache.step`` (maintained by the decoder)
+  is the index of the query position during incremental decoding (T == 1). Per-step
+  histories go through :func:`cache_append`: with ``cache.capacity`` set (the fast
+  decoder) their buffers are allocated once at that length and written in place,
+  otherwise they grow by concatenation (the reference). Step-level batching
+  (``ranmt.inference.continuous``) decodes rows that are at different positions: then
+  ``cache.positions`` (B,) long holds each row's query position and ``cache.span`` the
+  largest position + 1; a history keeps position j of every row in slot j (rows shorter
+  than the span have zeros after their position, masked by :func:`rows_allowed`), and
+  :func:`cache_append` writes each row at its own position.
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
 """
 
@@ -36,6 +37,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from ranmt.attention.cache import AttentionCache, StaticHistory
 
 
 @dataclass
@@ -92,7 +95,7 @@ class Attention(nn.Module):
         key_padding_mask: Tensor | None = None,
         causal: bool = False,
         state: Any = None,
-        cache: dict | None = None,
+        cache: AttentionCache | None = None,
         need_weights: bool = False,
     ) -> AttnOutput:
         raise NotImplementedError
@@ -116,88 +119,83 @@ class VersionedCache:
         return self.value
 
 
-def reorder_cache(cache: dict, order: Tensor) -> None:
+def reorder_cache(cache: AttentionCache, order: Tensor) -> None:
     """Select batch entries ``order`` (1-D long) of every tensor in an attention cache.
 
     A static history (see :func:`cache_append`) is gathered into the other of its two
     preallocated buffers, laid out contiguously with room for the next step: one copy per
     reorder, no allocation, and the next step's history is contiguous again.
     """
-    static = cache.get("static", {})
-    for key, value in list(cache.items()):
-        if not isinstance(value, Tensor):
+    for name, value in list(cache.row_tensors()):
+        history = cache.static.get(name)
+        if history is None:
+            cache.set_row_tensor(name, value.index_select(0, order))
             continue
-        if key not in static:
-            cache[key] = value.index_select(0, order)
-            continue
-        filled = static[key]
         rows, heads, _, dim = value.shape
-        room = min(filled + 1, cache["capacity"])
-        target = _spare_view(cache, key, (order.numel(), heads, room, dim))
-        torch.index_select(value[:, :, :filled], 0, order, out=target[:, :, :filled])
-        cache[key] = target
+        room = min(history.filled + 1, cache.capacity)
+        target = _spare_view(history, (order.numel(), heads, room, dim))
+        torch.index_select(value[:, :, :history.filled], 0, order,
+                           out=target[:, :, :history.filled])
+        cache.set_history(name, target)
 
 
-def _spare_view(cache: dict, name: str, shape: tuple[int, ...]) -> Tensor:
-    """A contiguous tensor of ``shape`` in the buffer of ``name`` that does not hold its
-    history now (``cache["in_buffer"][name]``, an index, not a pointer comparison, so that
-    a compiled decoder step traces it); that buffer holds the history from now on."""
-    in_use = cache["in_buffer"][name]
-    cache["in_buffer"][name] = 1 - in_use
-    return cache["buffers"][name][1 - in_use][: math.prod(shape)].view(shape)
+def _spare_view(history: StaticHistory, shape: tuple[int, ...]) -> Tensor:
+    """A contiguous tensor of ``shape`` in the buffer of a static history that does not
+    hold it now (``in_buffer``, an index, not a pointer comparison, so that a compiled
+    decoder step traces it); that buffer holds the history from now on."""
+    history.in_buffer = 1 - history.in_buffer
+    return history.buffers[history.in_buffer][: math.prod(shape)].view(shape)
 
 
-def cache_append(cache: dict, name: str, step_values: Tensor) -> Tensor:
-    """Append this step's ``step_values`` (B, H, 1, d) to the history ``cache[name]`` and
-    return the whole history (B, H, t+1, d), contiguous, t = ``cache["step"]``.
+def cache_append(cache: AttentionCache, name: str, step_values: Tensor) -> Tensor:
+    """Append this step's ``step_values`` (B, H, 1, d) to the history ``name`` (``k`` or
+    ``v``) and return the whole history (B, H, t+1, d), contiguous, t = ``cache.step``.
 
-    Without ``cache["capacity"]`` the history grows by concatenation (the reference). With
+    Without ``cache.capacity`` the history grows by concatenation (the reference). With
     it, two flat buffers of B x H x capacity x d are allocated at the first step and the
-    history always lives, contiguous, in one of them: a step writes in place where the
-    last reorder left room (beam search: every step), else the history moves to the other
-    buffer with one more step (greedy search between reorders; one copy, as with
-    concatenation, but no allocation).
+    history always lives, contiguous, in one of them (:class:`StaticHistory`): a step
+    writes in place where the last reorder left room (beam search: every step), else the
+    history moves to the other buffer with one more step (greedy search between reorders;
+    one copy, as with concatenation, but no allocation).
     """
-    if cache.get("positions") is not None:
+    if cache.positions is not None:
         return _append_at_positions(cache, name, step_values)
-    capacity = cache.get("capacity")
+    capacity = cache.capacity
+    current = cache.history(name)
     if capacity is None:
-        if name in cache:
-            step_values = torch.cat([cache[name], step_values], dim=2)
-        cache[name] = step_values
+        if current is not None:
+            step_values = torch.cat([current, step_values], dim=2)
+        cache.set_history(name, step_values)
         return step_values
-    step = cache["step"]
+    step = cache.step
     end = step + step_values.shape[2]
     if end > capacity:
         raise ValueError(f"decoder step {end} exceeds the cache capacity {capacity}")
     batch, heads, _, dim = step_values.shape
-    current = cache.get(name)
-    if current is None:
+    history = cache.static.get(name)
+    if current is None or history is None:
         size = batch * heads * capacity * dim
-        cache.setdefault("buffers", {})[name] = (step_values.new_empty(size),
-                                                 step_values.new_empty(size))
-        cache.setdefault("static", {})
-        cache.setdefault("in_buffer", {})[name] = 0  # which of the two holds the history
-        current = cache["buffers"][name][0][: batch * heads * end * dim].view(
-            batch, heads, end, dim)
+        history = StaticHistory((step_values.new_empty(size), step_values.new_empty(size)))
+        cache.static[name] = history
+        current = history.buffers[0][: batch * heads * end * dim].view(batch, heads, end, dim)
     elif current.shape[2] < end:
-        grown = _spare_view(cache, name, (batch, heads, end, dim))
+        grown = _spare_view(history, (batch, heads, end, dim))
         grown[:, :, :step] = current[:, :, :step]
         current = grown
     current[:, :, step:end] = step_values
-    cache[name] = current
-    cache["static"][name] = end
+    cache.set_history(name, current)
+    history.filled = end
     return current if current.shape[2] == end else current[:, :, :end]
 
 
-def _append_at_positions(cache: dict, name: str, step_values: Tensor) -> Tensor:
+def _append_at_positions(cache: AttentionCache, name: str, step_values: Tensor) -> Tensor:
     """Per-row positions (step-level batching): write row r's ``step_values`` (B, H, 1, d)
-    at slot ``cache["positions"][r]`` of the history (B, H, L, d), grown by 8 slots (zeros)
+    at slot ``cache.positions[r]`` of the history (B, H, L, d), grown by 8 slots (zeros)
     when the span passes L: every reorder and join of the batch copies the whole history,
     so it is kept close to the span; returns slots ``:span`` (B, H, span, d)."""
-    positions, span = cache["positions"], cache["span"]
+    positions, span = cache.positions, cache.span
     batch, heads, _, dim = step_values.shape
-    current = cache.get(name)
+    current = cache.history(name)
     if current is None or current.shape[2] < span:
         length = span + 8
         grown = step_values.new_zeros(batch, heads, length, dim)
@@ -207,19 +205,19 @@ def _append_at_positions(cache: dict, name: str, step_values: Tensor) -> Tensor:
     elif current.shape[2] > span + 16:  # the longest rows left: later copies take less
         current = current[:, :, : span + 8]
     current[torch.arange(batch, device=positions.device), :, positions] = step_values[:, :, 0]
-    cache[name] = current
+    cache.set_history(name, current)
     return current[:, :, :span]
 
 
-def rows_allowed(cache: dict) -> Tensor:
+def rows_allowed(cache: AttentionCache) -> Tensor:
     """Per-row positions: (B, 1, 1, span) bool, True at the keys row r may attend to (slots
     0 .. ``positions[r]``, its own history up to and including this step)."""
-    positions = cache["positions"]
-    slots = torch.arange(cache["span"], device=positions.device)
+    positions = cache.positions
+    slots = torch.arange(cache.span, device=positions.device)
     return (slots[None, :] <= positions[:, None])[:, None, None, :]
 
 
-def append_values(cache: dict, values: Tensor) -> Tensor:
+def append_values(cache: AttentionCache, values: Tensor) -> Tensor:
     """Value-only self-attention cache: append this step's values (B, H, 1, d_h) and return
     all values so far (B, H, t+1, d_h)."""
     return cache_append(cache, "v", values)

@@ -4,8 +4,8 @@
 output projection W_o. The fast path uses ``torch.nn.functional.scaled_dot_product_attention``;
 when weights are requested a naive path computes them explicitly (same numbers).
 
-Incremental decoding: self-attention appends this step's key/value to ``cache["k"]`` /
-``cache["v"]`` (B, H, t, d_h) (in place in a static buffer when the cache has a capacity);
+Incremental decoding: self-attention appends this step's key/value to ``cache.k`` /
+``cache.v`` (B, H, t, d_h) (in place in a static buffer when the cache has a capacity);
 cross-attention projects the memory once into the cache. In decoding the self-attention's
 Q, K, V (and the cross-attention's K, V) come from one fused matrix product.
 In beam search, cross-attention keeps one copy of the keys/values per *sentence* (n, H, S,
@@ -32,6 +32,7 @@ from ranmt.attention.base import (
     rows_allowed,
     split_heads,
 )
+from ranmt.attention.cache import AttentionCache
 from ranmt.attention.registry import Arch, register
 from ranmt.runtime.dropout import dropout, fast_masks_on
 from ranmt.runtime.packed import inference_linear
@@ -97,25 +98,26 @@ class DotProductAttention(Attention):
         out = inference_linear(x, *fused, self._packed_fused, name)
         return list(out.chunk(len(projections), dim=-1))
 
-    def _keys_values(self, memory: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
+    def _keys_values(self, memory: Tensor, cache: AttentionCache | None
+                     ) -> tuple[Tensor, Tensor]:
         """(B, H, S, d_h) keys and values, using/updating the cache (reference path)."""
         if cache is None:
             return split_heads(self.k_proj(memory), self.heads), split_heads(
                 self.v_proj(memory), self.heads)
         if self.is_cross:
-            if "k" not in cache:
-                reference = cache.get("capacity") is None and cache.get("positions") is None
-                if reference:  # the reference decoder: unfused
+            if cache.k is None:
+                if not cache.fast:  # the reference decoder: unfused
                     k, v = self.k_proj(memory), self.v_proj(memory)
                 else:
                     k, v = self._project(memory, "kv", (self.k_proj, self.v_proj))
-                cache["k"], cache["v"] = split_heads(k, self.heads), split_heads(v, self.heads)
-            return cache["k"], cache["v"]
+                cache.k, cache.v = split_heads(k, self.heads), split_heads(v, self.heads)
+            return cache.k, cache.v
         k = cache_append(cache, "k", split_heads(self.k_proj(memory), self.heads))
         v = cache_append(cache, "v", split_heads(self.v_proj(memory), self.heads))
         return k, v
 
-    def _incremental_self(self, query: Tensor, cache: dict) -> tuple[Tensor, Tensor, Tensor]:
+    def _incremental_self(self, query: Tensor, cache: AttentionCache
+                          ) -> tuple[Tensor, Tensor, Tensor]:
         """One decoding step of self-attention: q, k, v from one fused product; k, v appended
         to the cache. Returns q (B, H, 1, d_h) and the keys/values so far (B, H, t+1, d_h)."""
         q, k, v = self._project(query, "qkv", (self.q_proj, self.k_proj, self.v_proj))
@@ -127,8 +129,8 @@ class DotProductAttention(Attention):
                 cache=None, need_weights=False) -> AttnOutput:
         # Per-row positions (step-level batching, ``ranmt.inference.continuous``): rows at different
         # steps, each attending to its own history (base.rows_allowed).
-        at_rows = cache is not None and cache.get("positions") is not None
-        fast_decoder = cache is not None and (cache.get("capacity") is not None or at_rows)
+        at_rows = cache is not None and cache.positions is not None
+        fast_decoder = cache is not None and cache.fast
         fast_step = fast_decoder and not self.is_cross and query.shape[1] == 1
         if fast_step:
             q, k, v = self._incremental_self(query, cache)

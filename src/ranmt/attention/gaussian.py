@@ -36,6 +36,7 @@ from ranmt.attention.base import (
     merge_heads,
     split_heads,
 )
+from ranmt.attention.cache import AttentionCache
 from ranmt.attention.registry import Arch, register
 
 HardcodedImplementation = Literal["gaussian", "conv", "index"]
@@ -148,9 +149,9 @@ class GaussianAttention(Attention):
                 cache=None, need_weights=False) -> AttnOutput:
         q_offset = 0
         if cache is not None and self.role == "cross":
-            if "v" not in cache:
-                cache["v"] = split_heads(self.value_proj(memory), self.heads)
-            values = cache["v"]
+            if cache.v is None:
+                cache.v = split_heads(self.value_proj(memory), self.heads)
+            values = cache.v
             q_offset = _query_offset(cache)
         elif cache is not None:
             values = append_values(cache, split_heads(self.value_proj(memory), self.heads))
@@ -164,8 +165,7 @@ class GaussianAttention(Attention):
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, state)
 
 
-def _query_offset(cache: dict) -> int | Tensor:
+def _query_offset(cache: AttentionCache) -> int | Tensor:
     """The incremental query's position: the step (an int), or per row (B,) under
     step-level batching."""
-    positions = cache.get("positions")
-    return cache["step"] if positions is None else positions
+    return cache.step if cache.positions is None else cache.positions

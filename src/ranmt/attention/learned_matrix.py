@@ -11,7 +11,7 @@ Inference ("retrieved directly without recomputation", paper 000 Sec. 2.2): when
 is in eval mode and no gradient is recorded, the per-layer matrices come from a cache that
 is recomputed only when a parameter changed (tracked by tensor version counters), and the
 decoder's causal softmax is cached too. Incremental decoding keeps only the values
-(``cache["v"]``, (B, H, t, d_h)) and reads row t of the cached, softmaxed matrix.
+(``cache.v``, (B, H, t, d_h)) and reads row t of the cached, softmaxed matrix.
 
 In training, attention dropout draws an independent mask for every sentence of the batch:
 weights shared by the batch (1, H, T, S) are expanded to (B, H, T, S) before the mask is
@@ -32,6 +32,7 @@ from ranmt.attention.base import (
     merge_heads,
 )
 from ranmt.attention.base import split_heads as _split
+from ranmt.attention.cache import AttentionCache
 from ranmt.runtime.dropout import dropout
 
 
@@ -120,11 +121,12 @@ class LearnedMatrixAttention(Attention):
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, next_state)
 
-    def _incremental(self, values: Tensor, cache: dict, need_weights: bool) -> AttnOutput:
-        """One decoder step: values (B, H, 1, d_h) of position t = cache["step"]."""
-        if cache.get("positions") is not None:
+    def _incremental(self, values: Tensor, cache: AttentionCache,
+                     need_weights: bool) -> AttnOutput:
+        """One decoder step: values (B, H, 1, d_h) of position t = ``cache.step``."""
+        if cache.positions is not None:
             return self._incremental_at_rows(values, cache, need_weights)
-        step = cache["step"]
+        step = cache.step
         self._check_length(step + 1)
         values = append_values(cache, values)  # (B, H, t+1, d_h): values only
         # Row t as a narrow, not an integer index: a compiled step keeps t symbolic.
@@ -138,12 +140,12 @@ class LearnedMatrixAttention(Attention):
             weights = probs[None].expand(values.shape[0], -1, -1, -1)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, None)
 
-    def _incremental_at_rows(self, values: Tensor, cache: dict, need_weights: bool
+    def _incremental_at_rows(self, values: Tensor, cache: AttentionCache, need_weights: bool
                              ) -> AttnOutput:
-        """One step of rows at their own positions p_r (``cache["positions"]`` (B,), step-level
+        """One step of rows at their own positions p_r (``cache.positions`` (B,), step-level
         batching): row r reads row p_r of the causal matrix; its zeros above the diagonal
         mask the slots after p_r."""
-        positions, span = cache["positions"], cache["span"]
+        positions, span = cache.positions, cache.span
         self._check_length(span)
         values = append_values(cache, values)  # (B, H, span, d_h)
         probs = self.inference_causal_probs()[:, :, :span].index_select(1, positions)  # (H,B,span)

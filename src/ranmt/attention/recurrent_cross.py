@@ -122,12 +122,10 @@ class RecurrentCrossAttention(DotProductAttention):
         else:
             allowed = ~key_padding_mask[:, None, :]  # (B, 1, S)
         if cache is not None:
-            recurrent = {k[4:]: v for k, v in cache.items() if k.startswith("rec.")}
-            if not recurrent:
-                recurrent = self.initial_recurrent_state(batch, keys, values)
+            recurrent = cache.recurrent or self.initial_recurrent_state(batch, keys, values)
             weights, contexts, recurrent = self.run_steps(energies, queries, keys, values,
                                                           allowed, recurrent)
-            cache.update({f"rec.{k}": v for k, v in recurrent.items()})
+            cache.recurrent = dict(recurrent)
         else:
             weights, contexts, _ = self.run_steps(
                 energies, queries, keys, values, allowed,

@@ -8,7 +8,7 @@ advances each of them by one token and first admits the lines queued by
 starts within two steps (``join_wait``). What makes it possible:
 
 * **Rows at their own positions.** Each sentence (its ``beam`` rows) is at its own step.
-  The decoder cache runs with per-row positions (``cache["positions"]`` (rows,),
+  The decoder cache runs with per-row positions (``cache.positions`` (rows,),
   ``ranmt.attention.base``): position embeddings, self-attention histories (slot j holds
   position j of every row, later slots masked), RAN's and the Synthesizer's matrix rows,
   hard-coded Gaussian centres are all taken per row.
@@ -33,6 +33,7 @@ whole batch).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ranmt.attention.cache import DecoderCache, EnsembleCache
 from ranmt.data.batching import pad_sources
 from ranmt.inference.decode import (
     Finished,
@@ -122,6 +124,10 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
     (source length, history length) with zeros, the source padding mask with True."""
     if isinstance(first, Tensor):
         return _cat_padded(first, second, True if key == "pad_mask" else 0)
+    if dataclasses.is_dataclass(first):  # the parts of ranmt.attention.cache
+        return type(first)(**{part.name: merge_caches(getattr(first, part.name),
+                                                      getattr(second, part.name), part.name)
+                              for part in dataclasses.fields(first)})
     if isinstance(first, dict):
         if first.keys() != second.keys():
             raise ValueError(f"cannot merge decoder caches with parts {sorted(first)} and "
@@ -132,10 +138,10 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
     return first  # ints and flags (step, group, capacity) are equal in both
 
 
-def _set_positions(cache: dict, positions: Tensor, span: int) -> None:
+def _set_positions(cache: DecoderCache | EnsembleCache, positions: Tensor, span: int) -> None:
     """Give a decoder cache (an ensemble's: each member's) per-row positions (rows,)."""
-    for member in cache.get("members", [cache]):
-        member["positions"], member["span"] = positions, span
+    for member in cache.members:
+        member.positions, member.span = positions, span
 
 
 class ContinuousDecoder:
@@ -172,7 +178,7 @@ class ContinuousDecoder:
         self._queued_at = 0  # steps_taken when the oldest queued line was added
         self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []
         self.sentences: _Sentences | None = None
-        self.cache: dict | None = None
+        self.cache: DecoderCache | EnsembleCache | None = None
         self.steps_taken = 0
 
     # ------------------------------------------------------------------ the queue

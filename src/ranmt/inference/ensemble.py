@@ -20,6 +20,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
+from ranmt.attention.cache import EnsembleCache
 from ranmt.model import Seq2Seq
 
 
@@ -46,20 +47,21 @@ class Ensemble(nn.Module):
         return memories, src.eq(self.pad_id), None
 
     def init_cache(self, memories: list[Tensor], pad_mask: Tensor, group: int = 1,
-                   capacity: int | None = None) -> dict:
-        return {"members": [member.init_cache(memory, pad_mask, group, capacity)
-                            for member, memory in zip(self.members, memories)]}
+                   capacity: int | None = None) -> EnsembleCache:
+        return EnsembleCache([member.init_cache(memory, pad_mask, group, capacity)
+                              for member, memory in zip(self.members, memories)])
 
-    def decode_step(self, prev_tokens: Tensor, cache: dict) -> Tensor:
+    def decode_step(self, prev_tokens: Tensor, cache: EnsembleCache) -> Tensor:
         """prev_tokens (B, 1) -> mean of the members' log-probs (B, V) (float32)."""
         total = None
-        for member, member_cache in zip(self.members, cache["members"]):
+        for member, member_cache in zip(self.members, cache.members):
             logprobs = member.decode_step(prev_tokens, member_cache)
             total = logprobs if total is None else total + logprobs
         return total / len(self.members)
 
-    def reorder_cache(self, cache: dict, order: Tensor, within_groups: bool = False) -> None:
-        for member, member_cache in zip(self.members, cache["members"]):
+    def reorder_cache(self, cache: EnsembleCache, order: Tensor,
+                      within_groups: bool = False) -> None:
+        for member, member_cache in zip(self.members, cache.members):
             member.reorder_cache(member_cache, order, within_groups)
 
     def forward_logprobs(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import Attention
+from ranmt.attention.cache import LayerCache
 from ranmt.runtime.dropout import Dropout
 from ranmt.runtime.precision import activation_dtype
 
@@ -194,20 +195,21 @@ class DecoderLayer(nn.Module):
         self.ffn_sub = sublayer(ffn)
 
     def forward(self, x: Tensor, memory: Tensor, src_pad_mask: Tensor, self_state: Any = None,
-                cross_state: Any = None, cache: dict | None = None, need_weights: bool = False):
+                cross_state: Any = None, cache: LayerCache | None = None,
+                need_weights: bool = False):
         """x (B, T, d), memory (B, S, d) -> (x, self_state, cross_state, weights dict).
 
-        ``cache`` (incremental decoding) holds ``{"self": {...}, "cross": {...}}``.
+        ``cache`` (incremental decoding): the layer's self- and cross-attention caches.
         """
         weights: dict[str, Tensor | None] = {}
         if self.self_attention is not None:
             x, self_state, weights["self"] = _attend(
                 self.self_sub, self.self_attention, x, None, None, True, self_state,
-                None if cache is None else cache["self"], need_weights)
+                None if cache is None else cache.self_attention, need_weights)
         if self.cross_attention is not None:
             x, cross_state, weights["cross"] = _attend(
                 self.cross_sub, self.cross_attention, x, memory, src_pad_mask, False,
-                cross_state, None if cache is None else cache["cross"], need_weights)
+                cross_state, None if cache is None else cache.cross_attention, need_weights)
         if self.ffn is not None:
             x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
         return x, self_state, cross_state, weights

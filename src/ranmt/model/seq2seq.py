@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
+from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
 from ranmt.runtime.packed import inference_linear, use_packed_linears
@@ -74,26 +75,25 @@ class Decoder(nn.Module):
         return self.output(x)
 
     def forward(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
-                cache: dict | None = None, need_weights: bool = False):
+                cache: DecoderCache | None = None, need_weights: bool = False):
         """tgt_in (B, T) -> logits (B, T, V), per-layer weight dicts.
 
-        With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position cache["step"],
-        or, when ``cache["positions"]`` (B,) is set (step-level batching), row r at position
-        ``positions[r]`` (``cache["span"]``: the largest position + 1).
+        With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position ``cache.step``,
+        or, when ``cache.positions`` (B,) is set (step-level batching), row r at position
+        ``positions[r]`` (``cache.span``: the largest position + 1).
         """
-        positions = None if cache is None else cache.get("positions")
-        offset = 0 if cache is None else cache["step"] if positions is None else positions
+        positions = None if cache is None else cache.positions
+        offset = 0 if cache is None else cache.step if positions is None else positions
         x = self.embedder(tgt_in, offset)
         self_state, cross_state = self.initial_states()
         all_weights = []
         for index, layer in enumerate(self.layers):
             layer_cache = None
             if cache is not None:
-                layer_cache = cache["layers"][index]
-                for part in (layer_cache["self"], layer_cache["cross"]):
-                    part["step"] = cache["step"]
-                    if positions is not None:
-                        part["positions"], part["span"] = positions, cache["span"]
+                layer_cache = cache.layers[index]
+                for part in (layer_cache.self_attention, layer_cache.cross_attention):
+                    part.step = cache.step
+                    part.positions, part.span = positions, cache.span
             x, self_state, cross_state, weights = layer(
                 x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights)
             all_weights.append(weights)
@@ -129,7 +129,7 @@ class Seq2Seq(nn.Module):
 
     # ---------------------------------------------------------------- incremental decoding
     def init_cache(self, memory: Tensor, pad_mask: Tensor, group: int = 1,
-                   capacity: int | None = None) -> dict:
+                   capacity: int | None = None) -> DecoderCache:
         """Decoder cache for ``group`` consecutive query rows per sentence of memory (n, S, d).
 
         With ``capacity`` (the fast decoder: the most steps the search will take) per-step
@@ -146,34 +146,30 @@ class Seq2Seq(nn.Module):
         if group > 1 and not grouped:
             expand = torch.arange(memory.shape[0], device=memory.device).repeat_interleave(group)
             memory, pad_mask = memory.index_select(0, expand), pad_mask.index_select(0, expand)
-        return {
-            "step": 0,
-            "memory": memory,
-            "pad_mask": pad_mask,
-            "group": group if grouped else 1,
-            "layers": [{"self": {"capacity": capacity}, "cross": {"capacity": capacity}}
-                       if capacity else {"self": {}, "cross": {}}
-                       for _ in self.decoder.layers],
-        }
+        capacity = capacity or None
+        return DecoderCache(
+            memory=memory, pad_mask=pad_mask, group=group if grouped else 1,
+            layers=[LayerCache(AttentionCache(capacity), AttentionCache(capacity))
+                    for _ in self.decoder.layers])
 
-    def decode_step(self, prev_tokens: Tensor, cache: dict) -> Tensor:
-        """prev_tokens (B, 1) at position cache["step"] -> log-probs (B, V) (float32)."""
-        logits, _ = self.decoder(prev_tokens, cache["memory"], cache["pad_mask"], cache=cache)
-        cache["step"] += 1
+    def decode_step(self, prev_tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """prev_tokens (B, 1) at position ``cache.step`` -> log-probs (B, V) (float32)."""
+        logits, _ = self.decoder(prev_tokens, cache.memory, cache.pad_mask, cache=cache)
+        cache.step += 1
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
     @staticmethod
-    def reorder_cache(cache: dict, order: Tensor, within_groups: bool = False) -> None:
+    def reorder_cache(cache: DecoderCache, order: Tensor, within_groups: bool = False) -> None:
         """Keep decoder rows ``order`` (1-D long; may repeat or shrink) of a decoder cache.
 
-        In a grouped cache (``cache["group"]`` g > 1) rows come in groups of g that belong
+        In a grouped cache (``cache.group`` g > 1) rows come in groups of g that belong
         to one sentence (``order[j*g:(j+1)*g] // g`` all equal); the memory side is then
         reordered by sentence, and only when the set of sentences changes.
         ``within_groups``: the caller guarantees that group j of ``order`` takes its rows
         from group j (every sentence keeps its place: the sync-free search); nothing is
         checked (no host sync) and the memory side is not touched.
         """
-        group = cache.get("group", 1)
+        group = cache.group
         sentence_order = order
         if within_groups and group > 1:
             sentence_order = None
@@ -185,19 +181,19 @@ class Seq2Seq(nn.Module):
             sentence_order = by_group[:, 0]
             if not bool((by_group == sentence_order[:, None]).all()):
                 raise ValueError("a grouped cache needs every group of rows from one sentence")
-            if sentence_order.numel() == cache["memory"].shape[0] and bool(
+            if sentence_order.numel() == cache.memory.shape[0] and bool(
                     (sentence_order == torch.arange(sentence_order.numel(),
                                                     device=order.device)).all()):
                 sentence_order = None  # same sentences, same order: nothing to copy
         if sentence_order is not None:
-            cache["memory"] = cache["memory"].index_select(0, sentence_order)
-            cache["pad_mask"] = cache["pad_mask"].index_select(0, sentence_order)
-        for layer_cache in cache["layers"]:
-            reorder_cache(layer_cache["self"], order)
+            cache.memory = cache.memory.index_select(0, sentence_order)
+            cache.pad_mask = cache.pad_mask.index_select(0, sentence_order)
+        for layer_cache in cache.layers:
+            reorder_cache(layer_cache.self_attention, order)
             if group == 1:
-                reorder_cache(layer_cache["cross"], order)
+                reorder_cache(layer_cache.cross_attention, order)
             elif sentence_order is not None:
-                reorder_cache(layer_cache["cross"], sentence_order)
+                reorder_cache(layer_cache.cross_attention, sentence_order)
 
 
 def component_weights(weights: dict) -> dict[str, list]:

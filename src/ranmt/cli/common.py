@@ -31,13 +31,27 @@ def show_progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
+# The DecodeConfig fields ``ranmt translate`` offers in its sampling group and as --nbest;
+# every other field is a flag of every decoding command (translate, evaluate), so a new
+# decoding option declared in DecodeConfig is on the command line without more code.
+SAMPLING_FLAGS = ("sampling", "topk", "topp", "epsilon", "temperature", "seed")
+TRANSLATE_ONLY = ("nbest", *SAMPLING_FLAGS)
+
+
+def _search_flags() -> tuple[str, ...]:
+    from ranmt.config import DecodeConfig
+
+    return tuple(f.name for f in dataclasses.fields(DecodeConfig)
+                 if f.name not in TRANSLATE_ONLY)
+
+
 def decode_options(parser: argparse.ArgumentParser) -> None:
     """The options of every command that loads a translator (translate, evaluate)."""
     parser.add_argument("--checkpoint", required=True, action="append",
                         help="run directory (its best checkpoint) or a checkpoint; repeat it "
                              "to decode with an ensemble (the mean of the models' "
                              "log-probabilities; same prepared data required)")
-    for name in ("beam", "lenpen", "batch_size", "max_len_a", "max_len_b", "truncate_long"):
+    for name in _search_flags():
         add_decode_flag(parser, name)
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
@@ -81,23 +95,15 @@ def load_translator(args: argparse.Namespace):
     from ranmt.config import DecodeConfig, check_decode_bounds
     from ranmt.inference.translator import Translator
 
-    nbest = getattr(args, "nbest", None)
-    sampling = getattr(args, "sampling", None)
-    check_decode_bounds({f.name: getattr(args, f.name, None)
-                         for f in dataclasses.fields(DecodeConfig)}, decode_flag)
-    if not sampling and any(getattr(args, name, None) is not None
-                            for name in ("topk", "topp", "epsilon", "temperature", "seed")):
-        raise ValueError("--topk/--topp/--epsilon/--temperature/--seed go with --sampling")
-    sampling_options = ({"sampling": sampling, "topk": args.topk, "topp": args.topp,
-                         "epsilon": args.epsilon, "temperature": args.temperature,
-                         "seed": args.seed} if sampling else {})
+    options = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
+    check_decode_bounds(options, decode_flag)
+    if not options["sampling"] and any(options[name] is not None
+                                       for name in SAMPLING_FLAGS[1:]):
+        raise ValueError(f"{'/'.join(decode_flag(n) for n in SAMPLING_FLAGS[1:])} go with "
+                         "--sampling")
     checkpoints = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
     translator = Translator.load(checkpoints, device=args.device, quantize=args.quantize,
-                                 precision=args.precision, beam=args.beam, lenpen=args.lenpen,
-                                 batch_size=args.batch_size,
-                                 max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                                 nbest=nbest, truncate_long=True if args.truncate_long else None,
-                                 **sampling_options)
+                                 precision=args.precision, **options)
     # --nbest against the beam (--beam, else the checkpoint's decode.beam): Translator.load
     # validates the merged DecodeConfig
     translator.progress = show_progress(args)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from ranmt.cli.common import (
+    SAMPLING_FLAGS,
     Command,
     add_decode_flag,
     chosen_metrics,
@@ -39,7 +40,7 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
                    help="score these translations of the input instead of translating: "
                         "per line normalized<TAB>total<TAB>per-token log-probs")
     group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
-    for name in ("sampling", "topk", "topp", "epsilon", "temperature", "seed"):
+    for name in SAMPLING_FLAGS:
         add_decode_flag(group, name)
 
 

@@ -411,7 +411,7 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
                               messages.append) is None  # other seed
 
 
-def testwarm_start_state_keeps_only_what_the_longer_training_would_hold():
+def test_warm_start_state_keeps_only_what_the_longer_training_would_hold():
     """The trainer state a warm-started cell takes over: the source's validations at the
     cell's own validation steps only; none when the source's best is not its last step or
     it skipped one of the cell's validations."""

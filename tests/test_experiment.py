@@ -100,6 +100,12 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
         plan = plan_experiment(path, out=tmp_path / path.stem, log=lambda _m: None)
         assert plan["cells"] and all(c["parameters"] > 0 for c in plan["cells"])
         assert not (tmp_path / path.stem).exists()
+    de_en = plan_experiment(root / "configs/experiments/multi30k_de_en_converged.yaml",
+                            out=tmp_path / "d", log=lambda _m: None)
+    assert len(de_en["cells"]) == 12  # issue 48: 4 systems x 3 seeds, one precision, to convergence
+    assert {(c["precision"], c["validate_every"], c["patience"]) for c in de_en["cells"]} == \
+        {("fp32", 500, 4)}
+    assert {c["variant"] for c in de_en["cells"]} == {"TransF+AD", "RAN-D", "RAN-ALL", "HC-SA"}
     wmt = plan_experiment(root / "configs/experiments/wmt14_en_de.yaml", out=tmp_path / "w",
                           log=lambda _m: None)
     assert len(wmt["cells"]) == 21

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -267,22 +268,30 @@ class DecodeConfig:
                                  "seed: same samples)", ge=0)
 
 
+@functools.cache
+def _decode_fields() -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(DecodeConfig)}
+
+
 def decode_field(name: str) -> dataclasses.Field:
     """The declaration of :class:`DecodeConfig` field ``name`` (help, bounds, default)."""
-    return {f.name: f for f in dataclasses.fields(DecodeConfig)}[name]
+    return _decode_fields()[name]
+
+
+# bound kind -> (holds(value, bound), sign in messages)
+_BOUND_TESTS = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+                "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
 
 
 def check_decode_bounds(values: dict[str, Any], label=lambda name: f"decode.{name}") -> None:
     """ConfigError for the first of ``values`` (DecodeConfig field -> value; None skipped)
     outside its declared bounds; ``label`` names a field in the message (the command line
     passes its flag)."""
-    tests = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
-             "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
     for name, value in values.items():
         if value is None:
             continue
         for kind, bound in decode_field(name).metadata["bounds"].items():
-            holds, sign = tests[kind]
+            holds, sign = _BOUND_TESTS[kind]
             if not holds(value, bound):
                 raise ConfigError(f"{label(name)} must be {sign} {bound:g}, not {value}")
 

@@ -9,7 +9,11 @@ backward, optimizer, each precision as :class:`ranmt.runtime.precision.Precision
 ``--policy-device`` (cuda: plain bf16 autocast; cpu: with bf16 residual streams), and each
 Adam implementation (``single``: one tensor at a time, the CPU default; ``foreach``: the
 CUDA default before the policy; ``fused``: one kernel, what the policy picks on CUDA).
-Counts are deterministic (a machine under load gives the same).
+Counts are deterministic (a machine under load gives the same). With ``--policy-device
+cuda`` dropout is counted as CUDA runs it: ``F.dropout`` in training is one fused kernel
+there (``native_dropout``; its backward one more), where the CPU draws a Bernoulli mask,
+divides and multiplies (4 operators), so ``F.dropout`` is routed to ``torch.native_dropout``
+while counting.
 
     python benchmarks/count_ops.py --preset base --arch transf ran-all hc-sa
 """
@@ -17,9 +21,11 @@ Counts are deterministic (a machine under load gives the same).
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections import Counter
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ranmt.config import load_config
@@ -48,6 +54,27 @@ class OpCounter(TorchDispatchMode):
 
     def kernels(self) -> int:
         return sum(count for name, count in self.names.items() if name not in VIEWS)
+
+
+@contextlib.contextmanager
+def dropout_as_on(device_type: str):
+    """Within: ``F.dropout`` dispatches what it dispatches on ``device_type`` (on CUDA the
+    fused ``native_dropout`` for 0 < p < 1 in training; elsewhere unchanged)."""
+    if device_type != "cuda":
+        yield
+        return
+    cpu_dropout = F.dropout
+
+    def fused_dropout(x, p=0.5, training=True, inplace=False):
+        if training and 0.0 < p < 1.0 and x.numel() > 0:
+            return torch.native_dropout(x, p, True)[0]
+        return cpu_dropout(x, p, training, inplace)
+
+    F.dropout = fused_dropout
+    try:
+        yield
+    finally:
+        F.dropout = cpu_dropout
 
 
 def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: str,
@@ -85,9 +112,10 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
             counts.update(forward=marks[1], backward=marks[2] - marks[1],
                           optimizer=marks[3] - marks[2], total=marks[3])
 
-    step(None)  # the first step allocates the optimizer state
-    with OpCounter() as counter:
-        step(counter)
+    with dropout_as_on(device_type):
+        step(None)  # the first step allocates the optimizer state
+        with OpCounter() as counter:
+            step(counter)
     return counts
 
 

@@ -30,7 +30,9 @@ the variant is:
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,6 +237,59 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, heads * dim)
 
 
+_shared = threading.local()
+"""``_shared.masks``: the memo of :func:`shares_masks` in this thread (None outside)."""
+
+
+def shares_masks(method: Callable) -> Callable:
+    """Decorates a model's forward: within one call, a mask built from the same inputs is
+    built once and shared by every layer, instead of once per layer (the causal mask, the
+    padding mask's negation, the additive mask ``scaled_dot_product_attention`` would
+    derive from a boolean one on each call): on a GPU each of those is a kernel launch per
+    layer. Masks are keyed by the identity of their input tensors, which the memo keeps
+    alive, so an id is not reused while the memo holds it. Nested calls share the outer
+    memo; a traced (compiled) forward builds every mask (the compiler removes repeats)."""
+
+    @functools.wraps(method)
+    def with_shared_masks(*args, **kwargs):
+        if torch.compiler.is_compiling() or getattr(_shared, "masks", None) is not None:
+            return method(*args, **kwargs)
+        _shared.masks = {}
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _shared.masks = None
+
+    return with_shared_masks
+
+
+def shared_in_pass(key: tuple, inputs: tuple, build: Callable[[], Tensor | None]) -> Tensor | None:
+    """``build()``, once per ``key`` within :func:`shares_masks` (``inputs``: the tensors the
+    key names by id, kept alive with the result)."""
+    memo = getattr(_shared, "masks", None)
+    if memo is None or torch.compiler.is_compiling():
+        return build()
+    if key not in memo:
+        memo[key] = (build(), inputs)
+    return memo[key][0]
+
+
+def blocked_mask(allowed: Tensor) -> Tensor:
+    """``~allowed`` (True where attention is *not* allowed), shared within :func:`shares_masks`."""
+    return shared_in_pass(("blocked", id(allowed)), (allowed,), lambda: ~allowed)
+
+
+def additive_mask(allowed: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The ``attn_mask`` for ``scaled_dot_product_attention``: within :func:`shares_masks`, 0
+    where ``allowed`` and -inf elsewhere in ``dtype`` (the conversion the kernel makes of a
+    boolean mask on every call, made once); outside, ``allowed`` itself."""
+    if allowed is None or getattr(_shared, "masks", None) is None:
+        return allowed
+    return shared_in_pass(("additive", id(allowed), dtype), (allowed,),
+                     lambda: torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+                     .masked_fill_(blocked_mask(allowed), float("-inf")))
+
+
 def build_mask(
     key_padding_mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
     device: torch.device,
@@ -242,7 +297,18 @@ def build_mask(
     """Boolean mask (B or 1, 1, T, S), True where attention is *allowed*; None if all allowed.
 
     ``q_offset`` is the absolute position of the first query (for incremental decoding).
+    Within :func:`shares_masks` a mask is built once per pass and shared by the layers.
     """
+    if key_padding_mask is None and not causal:
+        return None
+    key = ("allowed", id(key_padding_mask), causal, device,
+           (q_offset, q_len, k_len) if causal else None)
+    return shared_in_pass(key, (key_padding_mask,), lambda: _build_mask(
+        key_padding_mask, causal, q_len, k_len, q_offset, device))
+
+
+def _build_mask(key_padding_mask: Tensor | None, causal: bool, q_len: int, k_len: int,
+                q_offset: int, device: torch.device) -> Tensor | None:
     allowed = None
     if causal:
         q_pos = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]

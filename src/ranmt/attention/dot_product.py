@@ -26,6 +26,8 @@ from ranmt.attention.base import (
     AttentionSpec,
     AttnOutput,
     VersionedCache,
+    additive_mask,
+    blocked_mask,
     build_mask,
     cache_append,
     merge_heads,
@@ -98,6 +100,22 @@ class DotProductAttention(Attention):
         out = inference_linear(x, *fused, self._packed_fused, name)
         return list(out.chunk(len(projections), dim=-1))
 
+    def _full_pass_projection(self, x: Tensor, name: str, projections: tuple[nn.Module, ...]
+                              ) -> list[Tensor]:
+        """``[p(x) for p in projections]`` in a full (teacher-forced) pass as one matrix
+        product over the concatenated weights: one product, one weight gradient and one
+        bias gradient instead of one per projection, and no sum of input gradients (each
+        a kernel launch on a GPU; ``benchmarks/count_ops.py``). In training the weights are
+        concatenated on every call (autograd splits the gradient back); without gradients
+        the fused product of decoding is used (:meth:`_project`: cached concatenation,
+        int8 products one by one)."""
+        if (torch.is_grad_enabled() and all(isinstance(p, nn.Linear) for p in projections)
+                and any(p.weight.requires_grad for p in projections)):
+            weight = torch.cat([p.weight for p in projections])  # (n * d, d)
+            bias = torch.cat([p.bias for p in projections])
+            return list(F.linear(x, weight, bias).chunk(len(projections), dim=-1))
+        return self._project(x, name, projections)
+
     def _keys_values(self, memory: Tensor, cache: AttentionCache | None
                      ) -> tuple[Tensor, Tensor]:
         """(B, H, S, d_h) keys and values, using/updating the cache (reference path)."""
@@ -134,6 +152,13 @@ class DotProductAttention(Attention):
         fast_step = fast_decoder and not self.is_cross and query.shape[1] == 1
         if fast_step:
             q, k, v = self._incremental_self(query, cache)
+        elif cache is None and query is memory:  # a full pass of self-attention
+            q, k, v = (split_heads(t, self.heads) for t in self._full_pass_projection(
+                query, "qkv", (self.q_proj, self.k_proj, self.v_proj)))  # (B, H, T, d_h)
+        elif cache is None:  # a full pass of cross-attention
+            q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
+            k, v = (split_heads(t, self.heads) for t in self._full_pass_projection(
+                memory, "kv", (self.k_proj, self.v_proj)))  # (B, H, S, d_h)
         else:
             q = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_h)
             k, v = self._keys_values(memory, cache)  # (B or n, H, S, d_h)
@@ -172,19 +197,20 @@ class DotProductAttention(Attention):
         sentences = k.shape[0]
         group = rows // sentences
         q = q.view(sentences, group, heads, head_dim).transpose(1, 2)  # (n, H, g, d_h)
-        allowed = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        allowed = build_mask(key_padding_mask, False, group, k.shape[2], 0, q.device)  # (n,1,1,S)
         weights = None
         if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (n, H, g, S)
             if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
+                scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
             weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
             context = weights @ v
             weights = weights.transpose(1, 2).reshape(rows, heads, 1, -1)  # (B, H, 1, S)
         elif few_queries:
             context = _explicit_attention(q, k, v, allowed)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=additive_mask(allowed, q.dtype))
         context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
         return AttnOutput(self.out_proj(context), weights, state)
 
@@ -203,9 +229,10 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), attn_mask=allowed,
+                q.float(), k.float(), v.float(), attn_mask=additive_mask(allowed, torch.float32),
                 dropout_p=dropout_p).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(allowed, q.dtype),
+                                          dropout_p=dropout_p)
 
 
 def _attention_with_fast_dropout(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
@@ -221,7 +248,7 @@ def _attention_weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
     ``allowed`` get no weight, rows with none allowed are zeros."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
     return torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
 
 
@@ -230,5 +257,5 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None)
     q (B, H, T, d_h), k/v (B, H, S, d_h) -> (B, H, T, d_h)."""
     scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v

@@ -34,6 +34,7 @@ from ranmt.attention.base import (
     append_values,
     build_mask,
     merge_heads,
+    shared_in_pass,
     split_heads,
 )
 from ranmt.attention.cache import AttentionCache
@@ -124,6 +125,15 @@ class GaussianAttention(Attention):
         one query per row at its own position (step-level batching)."""
         if isinstance(q_offset, Tensor):
             return self._weights_at_rows(q_offset, k_len, key_padding_mask, causal)
+        # the same for every layer of a role: built once per forward pass (base.shares_masks)
+        key = ("gaussian", self.role, self.heads, self.sigma, self.implementation, self.gamma,
+               q_offset, q_len, k_len, id(key_padding_mask), causal, device)
+        return shared_in_pass(key, (key_padding_mask,), lambda: self._weights(
+            q_offset, q_len, k_len, key_padding_mask, causal, device))
+
+    def _weights(self, q_offset: int, q_len: int, k_len: int, key_padding_mask: Tensor | None,
+                 causal: bool, device) -> Tensor:
+        """(B|1, H, T, S) weights of queries q_offset .. q_offset + q_len - 1."""
         positions = torch.arange(q_offset, q_offset + q_len, device=device)
         centres = head_centres(self.role, self.heads, positions, self.gamma)
         weights = hard_coded_weights(centres, k_len, self.sigma, self.implementation)[None]

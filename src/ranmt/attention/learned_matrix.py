@@ -28,6 +28,7 @@ from ranmt.attention.base import (
     AttentionSpec,
     AttnOutput,
     append_values,
+    blocked_mask,
     build_mask,
     merge_heads,
 )
@@ -110,7 +111,7 @@ class LearnedMatrixAttention(Attention):
             scores = matrix[None, :, :q_len, :k_len].float()  # (1, H, T, S)
             allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device)
             if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
+                scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
         if self.training and self.dropout > 0:
             # One dropout mask per sentence, as in any dropout: weights shared by the batch

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
+from ranmt.attention.base import shares_masks
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
@@ -34,6 +35,7 @@ class Encoder(nn.Module):
         attention = self.layers[0].self_attention
         return attention.initial_state() if attention is not None else None
 
+    @shares_masks
     def forward(self, src: Tensor, pad_mask: Tensor, need_weights: bool = False):
         """src (B, S), pad_mask (B, S) -> memory (B, S, d), list of per-layer weights."""
         x = self.embedder(src)
@@ -74,6 +76,7 @@ class Decoder(nn.Module):
                                     "output")
         return self.output(x)
 
+    @shares_masks
     def forward(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
                 cache: DecoderCache | None = None, need_weights: bool = False):
         """tgt_in (B, T) -> logits (B, T, V), per-layer weight dicts.
@@ -116,6 +119,7 @@ class Seq2Seq(nn.Module):
         memory, weights = self.encoder(src, pad_mask, need_weights)
         return memory, pad_mask, weights
 
+    @shares_masks
     def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False):
         """Teacher-forced pass: src (B, S), tgt_in (B, T) -> logits (B, T, V).
 

@@ -91,14 +91,13 @@ def save_checkpoint(directory: str | Path, model: Seq2Seq, config: Config, vocab
         shutil.copyfile(vocab_files[side], tmp / f"spm.{side}.model")
     (tmp / "checkpoint.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     _fsync_dir(tmp)
+    old = directory.with_name(directory.name + ".old")
     if directory.exists():
-        old = directory.with_name(directory.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         directory.replace(old)
-        tmp.replace(directory)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.replace(directory)
+    tmp.replace(directory)
+    # also a NAME.old left by a kill between the two renames (then NAME did not exist)
+    shutil.rmtree(old, ignore_errors=True)
     return directory
 
 

@@ -74,8 +74,9 @@ def test_saving_over_a_checkpoint_replaces_it_and_leaves_no_temporary(tmp_path, 
     second, _ = tiny_model(seed=2)
     save_checkpoint(tmp_path / "ck", first, cfg, vocab_files, {"step": 1})
     (tmp_path / "ck" / "stale").write_text("from the first save")
-    (tmp_path / "ck.tmp").mkdir()  # left by a kill mid-write
-    (tmp_path / "ck.tmp" / "junk").write_text("x")
+    for leftover in ("ck.tmp", "ck.old"):  # left by kills mid-write and between renames
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / "junk").write_text("x")
     save_checkpoint(tmp_path / "ck", second, cfg, vocab_files, {"step": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "vocab.src", "vocab.tgt"]
     assert not (tmp_path / "ck" / "stale").exists()

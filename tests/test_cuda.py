@@ -126,6 +126,25 @@ def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
         assert counts[0] == counts[1], counts  # no sync inside the 32 extra steps
 
 
+def test_resume_on_cuda_restores_the_cuda_generator(reverse_data, tmp_path):
+    """With dropout on CUDA, a run stopped at step 6 and resumed to 12 logs the losses of the
+    uninterrupted run: the checkpoint saved the CUDA generator and the resume restored it
+    (without it, steps 7-12 would draw other dropout masks)."""
+    from ranmt.checkpoint import load_training_state
+
+    values = {**TRAIN, "model.dropout": "0.3", "train.max_steps": "12"}
+    train(load_config(None, values), reverse_data, tmp_path / "straight")
+    train(load_config(None, {**values, "train.max_steps": "6"}), reverse_data,
+          tmp_path / "split")
+    _, extra = load_training_state(tmp_path / "split/checkpoints/step_00000006")
+    assert "cuda_rng" in extra and "cpu_rng" in extra
+    summary = train(load_config(None, values), reverse_data, tmp_path / "split")
+    assert summary["resumed_from_step"] == 6
+    straight, split = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "split")
+    assert len(straight) == len(split) == 12
+    assert split[6:] == pytest.approx(straight[6:], rel=1e-4)
+
+
 def test_compiled_training_on_cuda_gives_eager_losses(reverse_data, tmp_path):
     # no dropout anywhere: Inductor draws its masks from another generator than eager
     values = {**TRAIN, "model.arch": "ran-all", "model.ran.attention_dropout": "0.0",

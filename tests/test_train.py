@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -66,6 +67,43 @@ def test_resume_is_exact(reverse_data, tmp_path):
         assert torch.equal(a[key], b[key]), key
 
 
+def test_resume_with_another_model_config_goes_on_with_the_stored_one(reverse_data, tmp_path):
+    """A run resumed with a changed model config (here its dropout) continues the model it
+    saved, says so in train.log, and ends where the uninterrupted run ends."""
+    from ranmt.checkpoint import load_checkpoint
+
+    started = time.monotonic()
+    big = {"data.max_tokens": 12000}  # a few steps an epoch: the split falls in epoch 1
+    train(_cfg(**{"train.max_steps": 12, "model.dropout": 0.2, **big}), reverse_data,
+          tmp_path / "straight")
+    train(_cfg(**{"train.max_steps": 6, "model.dropout": 0.2, **big}), reverse_data,
+          tmp_path / "split")
+    summary = train(_cfg(**{"train.max_steps": 12, "model.dropout": 0.0, **big}), reverse_data,
+                    tmp_path / "split")
+    assert (summary["resumed_from_step"], summary["steps_this_run"]) == (6, 6)
+    states = {name: load_checkpoint(tmp_path / name / "checkpoints/step_00000012")[2]["trainer"]
+              for name in ("straight", "split")}
+    middle = load_checkpoint(tmp_path / "split/checkpoints/step_00000006")[2]["trainer"]
+    assert middle["epoch"] >= 1  # the position in the data is what a resume must restore
+    for key in ("step", "epoch", "batch_in_epoch"):
+        assert states["split"][key] == states["straight"][key], key
+    # time spent is carried over: the resumed run's clock starts where the first one stopped
+    assert 0 < middle["elapsed"] < states["split"]["elapsed"] < time.monotonic() - started
+    log = (tmp_path / "split/train.log").read_text()
+    assert f"note: resuming {tmp_path / 'split'} with the model config stored in its checkpoint" \
+        in log
+    _, cfg, _, _ = load_checkpoint(tmp_path / "split/checkpoints/step_00000012")
+    assert cfg.model.dropout == 0.2
+    a = load_file(str(tmp_path / "straight/checkpoints/step_00000012/model.safetensors"))
+    b = load_file(str(tmp_path / "split/checkpoints/step_00000012/model.safetensors"))
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    same = train(_cfg(**{"train.max_steps": 14, "model.dropout": 0.2}), reverse_data,
+                 tmp_path / "straight")
+    assert same["resumed_from_step"] == 12
+    assert "model config stored" not in (tmp_path / "straight/train.log").read_text()
+
+
 def test_training_keeps_last_k_and_best(reverse_data, tmp_path):
     cfg = _cfg(**{"train.max_steps": 30, "train.validate_every": 10, "train.keep_last": 2,
                   "train.validate_bleu": "true", "train.valid_max_sentences": 20})
@@ -74,6 +112,9 @@ def test_training_keeps_last_k_and_best(reverse_data, tmp_path):
     assert steps == ["step_00000020", "step_00000030"]
     best = json.loads((tmp_path / "run/best/checkpoint.json").read_text())
     assert best["trainer"]["step"] == summary["best_step"]
+    train(_cfg(**{"train.max_steps": 4, "train.validate_every": 2, "train.keep_last": 1}),
+          reverse_data, tmp_path / "one")
+    assert [p.name for p in (tmp_path / "one/checkpoints").iterdir()] == ["step_00000004"]
     assert math.isfinite(summary["train_tokens_per_s"]) and summary["train_tokens_per_s"] > 0
 
 
@@ -108,6 +149,9 @@ def test_early_stopping_after_patience(reverse_data, tmp_path):
     summary = train(cfg, reverse_data, tmp_path / "run")
     assert summary["steps"] == 15 and "early stopping" in summary["stop_reason"]
     assert summary["best_step"] == 5
+    best = json.loads((tmp_path / "run/best/checkpoint.json").read_text())["trainer"]
+    assert best["step"] == 5  # written at the best validation only, not at the later ones
+    assert math.isfinite(best["valid"]["valid_loss"])
 
 
 def test_progress_bar_on_a_terminal_only(reverse_data, tmp_path, monkeypatch):

@@ -248,12 +248,7 @@ class TrainingRun:
                       "best_bleu": None, "best_step": None, "bad_validations": 0,
                       "nonfinite_skipped": 0, "validations": []}
         if self.resume_from is not None:
-            model, saved_cfg, saved_meta, _ = load_checkpoint(self.resume_from, device)
-            if to_dict(saved_cfg.model) != to_dict(cfg.model):
-                self.notes.append(f"note: resuming {run_dir} with the model config stored in "
-                                  "its checkpoint")
-                cfg.model = from_dict({"model": to_dict(saved_cfg.model)}).model
-            self.state.update(saved_meta["trainer"])
+            model = self._resumed_model()
         else:
             model = build_model(cfg.model).to(device)
         self._setup_precision()
@@ -282,12 +277,28 @@ class TrainingRun:
                                           weight_decay=t.weight_decay,
                                           fused=self.policy.fused_optimizer or None)
         if self.resume_from is not None:
-            optim_state, extra = load_training_state(self.resume_from)
-            self.optimizer.load_state_dict(optim_state)
-            torch.set_rng_state(extra["cpu_rng"])
-            if device.type == "cuda" and "cuda_rng" in extra:
-                torch.cuda.set_rng_state(extra["cuda_rng"], device)
+            self._restore_optimizer_and_rng()
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.policy.loss_scaling)
+
+    # ---- resuming (the resume path: these two, _latest_training_checkpoint, checkpoint)
+    def _resumed_model(self) -> torch.nn.Module:
+        """The model of the newest step checkpoint; its trainer state into ``self.state``;
+        the model config stored there replaces the given one (with a note) if they differ."""
+        model, saved_cfg, saved_meta, _ = load_checkpoint(self.resume_from, self.device)
+        if to_dict(saved_cfg.model) != to_dict(self.cfg.model):
+            self.notes.append(f"note: resuming {self.run_dir} with the model config stored in "
+                              "its checkpoint")
+            self.cfg.model = from_dict({"model": to_dict(saved_cfg.model)}).model
+        self.state.update(saved_meta["trainer"])
+        return model
+
+    def _restore_optimizer_and_rng(self) -> None:
+        """Adam's moments and step counts, and the RNG states, as the checkpoint saved them."""
+        optim_state, extra = load_training_state(self.resume_from)
+        self.optimizer.load_state_dict(optim_state)
+        torch.set_rng_state(extra["cpu_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in extra:
+            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
 
     def _setup_precision(self) -> None:
         """The run's precision: resolved once when it starts (``auto`` by the hardware,

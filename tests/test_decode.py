@@ -14,12 +14,15 @@ def test_length_penalty_formulas():
     assert length_penalty(10, 0.6, "gnmt") == pytest.approx(((5 + 10) / 6) ** 0.6)
     assert length_penalty(10, 0.6, "fairseq") == pytest.approx(10 ** 0.6)
     assert length_penalty(7, 0.0, "gnmt") == 1.0
+    with pytest.raises(ValueError, match=r"^unknown length penalty style 'x' \(gnmt \| fairseq\)$"):
+        length_penalty(7, 0.6, "x")
 
 
 def test_max_lengths():
     src, _ = random_batch(batch=2)  # row 0: 6 tokens + EOS; row 1: 3 tokens + EOS + pad
     assert max_lengths(src, 1.5, 2, 100).tolist() == [11, 6]
     assert max_lengths(src, 1.5, 2, 8).tolist() == [8, 6]
+    assert max_lengths(src, 0.0, 0, 8).tolist() == [1, 1]  # at least one token
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "syn-r", "hc-all", "sh-x"])

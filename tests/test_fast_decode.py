@@ -139,6 +139,18 @@ def test_row_topk_equals_topk(rows, width, k):
     assert torch.equal(ids[1:], expected_ids[1:]) and ids[0, 0] == 3
 
 
+def test_row_topk_finds_the_best_in_the_columns_after_the_last_block():
+    """2,050 columns: 32 blocks of 64 and two columns after them, which hold the best."""
+    torch.manual_seed(0)
+    scores = torch.randn(3, 2050)
+    scores[:, 2049] = 50.0
+    scores[1, 2048] = 40.0
+    values, ids = row_topk(scores, 4)
+    expected_values, expected_ids = scores.topk(4, dim=1)
+    assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
+    assert ids[:, 0].tolist() == [2049] * 3 and ids[1, 1] == 2048
+
+
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
 def test_fast_equals_reference_with_a_wide_vocabulary(arch):
     """A 3,000-token vocabulary: the fast beam search selects with the blocked top-k."""

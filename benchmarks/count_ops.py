@@ -22,38 +22,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections import Counter
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ranmt.config import load_config
 from ranmt.model import build_model
+from ranmt.runtime.host_syncs import OpCounter
 from ranmt.runtime.precision import PrecisionPolicy, bf16_activations
 from ranmt.training.loss import label_smoothed_loss
-
-VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
-         "permute", "as_strided", "alias", "detach", "slice", "select", "split",
-         "split_with_sizes", "chunk", "unbind", "narrow", "reshape", "_reshape_alias",
-         "unflatten", "flatten", "view_as", "expand_as", "contiguous", "lift_fresh",
-         "_local_scalar_dense", "is_same_size", "sym_size", "sym_stride", "sym_numel"}
-"""Operators that change metadata only (no kernel on a GPU), and host reads."""
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every dispatched aten operator by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names[func._schema.name.split("::")[-1]] += 1
-        return func(*args, **(kwargs or {}))
-
-    def kernels(self) -> int:
-        return sum(count for name, count in self.names.items() if name not in VIEWS)
 
 
 @contextlib.contextmanager

@@ -9,28 +9,16 @@ changes what the model computes.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ranmt.attention import base, dot_product, gaussian
 from ranmt.attention.dot_product import DotProductAttention
 from ranmt.config import load_config
 from ranmt.model import build_model
+from ranmt.runtime.host_syncs import OpCounter
 
 VOCAB = 40
-
-
-class OpNames(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names[func._schema.name.split("::")[-1]] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _model(arch: str, layers: int, seed: int = 0):
@@ -51,10 +39,10 @@ def _batch():
     return src, tgt
 
 
-def _forward_ops(model, train: bool = True) -> Counter[str]:
+def _forward_ops(model, train: bool = True):
     src, tgt = _batch()
     model.train(train)
-    with OpNames() as ops, torch.set_grad_enabled(train):
+    with OpCounter() as ops, torch.set_grad_enabled(train):
         model(src, tgt)
     return ops.names
 

@@ -1,4 +1,5 @@
-"""Counting host-device synchronisations by the operators that cause them.
+"""Counting host-device synchronisations by the operators that cause them (and, with
+:class:`OpCounter`, every operator: the kernels a GPU step would launch).
 
 On a GPU, an operator whose result the host must read before it can go on (``.item()``,
 ``bool(tensor)``, ``int(tensor)``, ``nonzero()``, boolean-mask indexing, ``masked_select``,
@@ -97,3 +98,27 @@ class SyncCounter(TorchDispatchMode):
         if is_sync(func, args, kwargs):
             self.by_op[func._schema.name.split("::")[-1]] += 1
         return func(*args, **kwargs)
+
+
+VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "unsqueeze", "squeeze",
+         "permute", "as_strided", "alias", "detach", "slice", "select", "split",
+         "split_with_sizes", "chunk", "unbind", "narrow", "reshape", "_reshape_alias",
+         "unflatten", "flatten", "view_as", "expand_as", "contiguous", "lift_fresh",
+         "_local_scalar_dense", "is_same_size", "sym_size", "sym_stride", "sym_numel"}
+"""Operators that change metadata only (no kernel on a GPU), and host reads."""
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every dispatched aten operator by name (``names``); :meth:`kernels` is the
+    number that would be kernel launches on a GPU (``benchmarks/count_ops.py``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names[func._schema.name.split("::")[-1]] += 1
+        return func(*args, **(kwargs or {}))
+
+    def kernels(self) -> int:
+        return sum(count for name, count in self.names.items() if name not in VIEWS)

@@ -16,8 +16,9 @@ GREEDY = Work.translate(beam=1, nbest=1)
 BEAM = Work.translate(beam=4, nbest=1)
 
 
-def _batcher(**limits) -> Batcher:
-    return Batcher(object(), ServeLimits(**limits), concurrent.futures.ThreadPoolExecutor(1))
+def _batcher(metrics=None, **limits) -> Batcher:
+    return Batcher(object(), ServeLimits(**limits), concurrent.futures.ThreadPoolExecutor(1),
+                   metrics, name="m1")
 
 
 def _in_loop(scenario):
@@ -51,7 +52,7 @@ def test_admission_refuses_past_the_limit_but_always_takes_a_lone_job():
         with pytest.raises(QueueFullError) as refused:
             batcher.submit([[1]], GREEDY, timeout_s=5)
         assert refused.value.status == 503 and refused.value.retry_after == 1
-        assert refused.value.message == ("model 'model' is busy: 21 source tokens queued, at "
+        assert refused.value.message == ("model 'm1' is busy: 21 source tokens queued, at "
                                          "most 10; retry in 1 s")
         assert (batcher.queued_tokens, batcher.queued_requests) == (21, 1)
         with pytest.raises(QueueFullError):
@@ -72,8 +73,8 @@ def test_admission_takes_a_job_that_just_fits():
 
 
 @pytest.mark.parametrize(("queued", "rate", "retry"), [
-    (21, 0.0, 1), (2500, 0.0, 3), (5000, 100.0, 50), (10000, 100.0, 60), (1, 1000.0, 1),
-    (301, 100.0, 4)])
+    (21, 0.0, 1), (2500, 0.0, 3), (1001, 0.0, 2), (5000, 100.0, 50), (10000, 100.0, 60),
+    (1, 1000.0, 1), (301, 100.0, 4)])
 def test_retry_after_is_the_queue_over_the_recent_rate_rounded_up_within_1_to_60(
         queued, rate, retry):
     batcher = _batcher()
@@ -189,3 +190,58 @@ def test_rounds_yield_each_untaken_line_once_shortest_first():
     assert next(rounds) == (a, 0, 3)
     a.taken += 1
     assert next(rounds, None) is None
+
+
+def test_admission_counts_the_new_job_on_top_of_the_queue():
+    def scenario(loop):
+        batcher = _batcher(max_queued_tokens=10)
+        batcher.submit([[1, 2, 3, 4]], GREEDY, timeout_s=5)  # 5
+        with pytest.raises(QueueFullError):
+            batcher.submit([[1, 2, 3, 4, 5]], GREEDY, timeout_s=5)  # 5 + 6 > 10
+        job = batcher.submit([[9]], GREEDY, timeout_s=5, extras=[[7, 8]])  # 5 + 2
+        assert job.extras == [[7, 8]] and job.sequence == 2  # the refused one took number 1
+        assert job.arrived == pytest.approx(loop.time(), abs=0.5) and job.arrived > 0
+    _in_loop(scenario)
+
+
+def test_without_a_job_after_the_last_served_the_turn_starts_at_the_oldest():
+    def scenario(loop):
+        batcher = _batcher(max_batch_lines=2)
+        a = batcher.submit([[1], [1], [1]], GREEDY, timeout_s=60)
+        b = batcher.submit([[2], [2], [2]], GREEDY, timeout_s=60)
+        assert batcher.take_batch(loop.time()) == [(a, 0), (b, 0)]  # b served last
+        assert batcher.take_batch(loop.time()) == [(a, 1), (b, 1)]
+    _in_loop(scenario)
+
+
+def test_answered_requests_are_counted():
+    def scenario(loop):
+        batcher = _batcher()
+        first, second = (batcher.submit([[1]], GREEDY, timeout_s=60) for _ in range(2))
+        batcher._answer(first, 0, "a")
+        batcher._answer(second, 0, "b")
+        assert batcher.requests == 2
+    _in_loop(scenario)
+
+
+def test_queue_gauges_and_decoding_errors_reach_the_metrics():
+    from ranmt.serving.app import ServeMetrics
+
+    metrics = ServeMetrics()
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, labels)
+
+    def scenario(loop):
+        batcher = _batcher(metrics, max_batch_lines=1)
+        job = batcher.submit([[1, 2], [3]], GREEDY, timeout_s=60)
+        assert value("ranmt_queue_tokens", model="m1") == 5
+        assert value("ranmt_queue_requests", model="m1") == 1
+        batch = batcher.take_batch(loop.time())
+        assert value("ranmt_queue_tokens", model="m1") == 3
+        batcher._fail(batch, RuntimeError("boom"))
+        assert value("ranmt_errors_total", model="m1", kind="decoding") == 1
+        assert value("ranmt_queue_tokens", model="m1") == 0
+        assert value("ranmt_queue_requests", model="m1") == 0
+        assert isinstance(job.future.exception(), RuntimeError)
+    _in_loop(scenario)

@@ -71,8 +71,7 @@ class DotProductAttention(Attention):
             return None
         cache = self._fused_weights.setdefault(name, VersionedCache())
         params = [t for p in projections for t in (p.weight, p.bias)]
-        return cache.get(params, lambda: (torch.cat([p.weight for p in projections]),
-                                          torch.cat([p.bias for p in projections])))
+        return cache.get(params, lambda: _concatenated(projections))
 
     def fuse_for_quantization(self) -> None:
         """Give the decoding products their own fused linear modules (``qkv``: W_q, W_k, W_v;
@@ -111,9 +110,8 @@ class DotProductAttention(Attention):
         int8 products one by one)."""
         if (torch.is_grad_enabled() and all(isinstance(p, nn.Linear) for p in projections)
                 and any(p.weight.requires_grad for p in projections)):
-            weight = torch.cat([p.weight for p in projections])  # (n * d, d)
-            bias = torch.cat([p.bias for p in projections])
-            return list(F.linear(x, weight, bias).chunk(len(projections), dim=-1))
+            out = F.linear(x, *_concatenated(projections))  # (..., n * d)
+            return list(out.chunk(len(projections), dim=-1))
         return self._project(x, name, projections)
 
     def _keys_values(self, memory: Tensor, cache: AttentionCache | None
@@ -213,6 +211,12 @@ class DotProductAttention(Attention):
                 q, k, v, attn_mask=additive_mask(allowed, q.dtype))
         context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
         return AttnOutput(self.out_proj(context), weights, state)
+
+
+def _concatenated(projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor]:
+    """(weight (n * d, d), bias (n * d,)) of n linears stacked: one product for all of them."""
+    return (torch.cat([p.weight for p in projections]),
+            torch.cat([p.bias for p in projections]))
 
 
 def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,

@@ -7,7 +7,9 @@ This script counts them with :class:`ranmt.runtime.host_syncs.SyncCounter` for
 * ``reference``: the reference searches (the tests' oracle);
 * ``shrinking``: the fast searches, finished sentences leave the batch (the CPU default);
 * ``sync-free/K``: every row kept to the end, masks instead of a shrinking batch, whether
-  everyone is done read every K steps (the GPU default, ``check_every=8``).
+  everyone is done read every K steps (the GPU default, ``check_every=8``);
+* ``graphs/K`` (with ``--graphs``): the same search with its decoder step at fixed
+  addresses, recorded once as a CUDA graph and replayed (on a CPU the same step eagerly).
 
 Syncs per step are the difference between a search of ``--fixed-length`` L and of 2L
 tokens, divided by L (what a search does once, before and after its steps, cancels out);
@@ -17,7 +19,8 @@ the models' own outputs (``--real``: untrained models write until the length lim
 that is the real-output case only for checkpoints given with ``--checkpoint``). Speeds are
 tokens/s and ratios to ``shrinking``. On a GPU:
 
-    python benchmarks/decode_syncs.py --device cuda --preset base --batch 32 100 --beam 4
+    python benchmarks/decode_syncs.py --device cuda --preset base --batch 32 100 --beam 4 \
+        --graphs
 
 On the CPU (counts are device-independent; speeds are the CPU's):
 
@@ -39,11 +42,14 @@ from ranmt.inference.decode import search
 from ranmt.runtime.host_syncs import SyncCounter
 
 
-def modes(check_every: list[int]) -> dict[str, dict]:
+def modes(check_every: list[int], graphs: bool = False) -> dict[str, dict]:
     """Mode name -> keyword arguments of :func:`ranmt.inference.decode.search`."""
     table = {"reference": {"reference": True}, "shrinking": {"sync_free": False}}
     for k in check_every:
         table[f"sync-free/{k}"] = {"sync_free": True, "check_every": k}
+    if graphs:
+        for k in check_every:
+            table[f"graphs/{k}"] = {"graphs": True, "check_every": k}
     return table
 
 
@@ -98,12 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-reference-speed", action="store_true",
                    help="count the reference's syncs but do not time it (it is slow)")
+    p.add_argument("--graphs", action="store_true",
+                   help="add graphs/K: the sync-free search with its decoder step at fixed "
+                        "addresses, replayed as a CUDA graph on CUDA (eager elsewhere)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     rng = np.random.default_rng(0)
     sources = [rng.integers(4, args.vocab_size, rng.integers(6, 25)).tolist()
                for _ in range(args.sentences)]
-    table = modes(args.check_every)
+    table = modes(args.check_every, args.graphs)
     print(f"{args.preset}, device {device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {args.sentences} sentences")
     systems = load_systems(args.checkpoint, [] if args.checkpoint else args.arch,

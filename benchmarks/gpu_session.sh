@@ -52,9 +52,11 @@ timeout 90 python benchmarks/profile_train.py --device cuda --preset base --arch
     --sentences 1000 --length 24 --repeats 5 --no-profile > "$OUT/profile.log" 2>&1
 
 # 4. decoding: syncs per step and speed of each search mode on the GPU (batch 32 and 100,
-#    beam 4, fixed length 30 and own outputs), fp32 and bf16 copies
-timeout 120 python benchmarks/decode_syncs.py --device cuda --preset base \
+#    beam 4, fixed length 30 and own outputs), fp32 and bf16 copies; graphs/8: the decoder
+#    step replayed as a CUDA graph
+timeout 150 python benchmarks/decode_syncs.py --device cuda --preset base \
     --arch transf ran-all --batch 32 100 --beam 4 --sentences 400 --repeats 2 \
-    --check-every 1 8 --quantize none bf16 --no-reference-speed > "$OUT/decode.log" 2>&1
+    --check-every 1 8 --graphs --quantize none bf16 --no-reference-speed \
+    > "$OUT/decode.log" 2>&1
 
 tail -n 3 "$OUT"/*.log

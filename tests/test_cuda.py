@@ -6,7 +6,7 @@ on a machine with a GPU runs them). What they check:
 - the forward pass of every architecture on CUDA equals the CPU's (same weights, fp32,
   TF32 off), and incremental decoding equals the full pass on CUDA;
 - the fast search (static caches, tensorised beams) equals the reference search on CUDA,
-  and beam 1 equals greedy;
+  and beam 1 equals greedy; the decoder step replayed as a CUDA graph equals it eager;
 - training on CUDA: ``torch.compile`` gives eager's losses, a one-process ``torchrun``
   (NCCL) gives a plain run's weights, a checkpoint written on the GPU translates the
   same on the CPU, and bf16 decoding on the GPU agrees with fp32.
@@ -124,6 +124,32 @@ def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
                 search(model, src, beam, fixed_length=length, check_every=64)
             counts.append(counter.total)
         assert counts[0] == counts[1], counts  # no sync inside the 32 extra steps
+
+
+
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa", "syn-r"])
+def test_cuda_graph_decoding_equals_eager(arch, monkeypatch):
+    """The decoder step recorded as a CUDA graph and replayed (``search(graphs=True)``)
+    gives the eager sync-free search's hypotheses and scores, greedy and beam, and the
+    graph was recorded (not an eager fallback)."""
+    from ranmt.inference import graphs
+
+    made = []
+
+    class Noting(graphs.StaticDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("ranmt.inference.decode.StaticDecoder", Noting)
+    model, _ = tiny_model(seed=4, **{"model.arch": arch})
+    model = model.cuda()
+    src = random_batch(batch=6, src_len=9, seed=4)[0].cuda()
+    for beam in (1, 4):
+        for fixed in (None, 20):
+            _same(search(model, src, beam, nbest=beam, fixed_length=fixed, graphs=True),
+                  search(model, src, beam, nbest=beam, fixed_length=fixed, sync_free=True))
+    assert made and all(decoder.recorded for decoder in made)
 
 
 def test_resume_on_cuda_restores_the_cuda_generator(reverse_data, tmp_path):

@@ -122,7 +122,8 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
     for rows in make_batches(lengths, lengths, 10 ** 9, batch):
         src = pad_sources([sources[i] for i in rows]).to(device)
         hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
-                      decode.max_len_b, 1, fixed_length=fixed_length)
+                      decode.max_len_b, 1, fixed_length=fixed_length,
+                      graphs=decode.cuda_graphs)
         generated += sum(len(h[0][0]) + 1 for h in hyps)
     synchronize(device)
     seconds = time.perf_counter() - start

@@ -250,6 +250,11 @@ class DecodeConfig:
     batch_size: int = decode_option(64, "sentences per decoding batch", ge=1)
     nbest: int = decode_option(1, "hypotheses returned per input (samples with sampling); at "
                                   "most the beam size", ge=1)
+    cuda_graphs: bool = decode_option(
+        False, "search on a GPU with each decoder step recorded once as a CUDA graph and "
+               "replayed (the sync-free search at fixed addresses; same outputs); on a CPU "
+               "the same step runs eagerly, slower than the default search "
+               "(ranmt.inference.graphs)")
     truncate_long: bool = decode_option(
         False, "truncate inputs longer than model.max_positions (with a warning) instead of "
                "failing")

@@ -23,7 +23,9 @@ the batch to the end with masks in place of a shrinking active set, so that no s
 device value on the host (no ``.item()``, ``bool(tensor)``, ``nonzero()``, boolean-mask
 indexing); whether everyone is done is read once every ``check_every`` steps. On a GPU the
 host then queues step after step without waiting for the device. :func:`search` picks it
-on CUDA and the shrinking search elsewhere unless told (``sync_free``).
+on CUDA and the shrinking search elsewhere unless told (``sync_free``). With ``graphs`` the
+sync-free search's decoder step runs at fixed addresses and, on CUDA, is replayed as a CUDA
+graph (``ranmt.inference.graphs``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import math
 import torch
 from torch import Tensor
 
+from ranmt.inference.graphs import StaticDecoder
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID, Seq2Seq
 
 
@@ -523,21 +526,25 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
 def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
                             max_len_b: int = 10, limit: int | None = None,
                             fixed_length: int | None = None, prefix: Tensor | None = None,
-                            check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+                            check_every: int = 8, graphs: bool = False
+                            ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``, the output of
     :func:`greedy_search` without a host sync inside a step: every sentence stays in the
     batch (a finished one writes PAD and adds nothing to its score) and whether all have
-    finished is read once every ``check_every`` steps."""
+    finished is read once every ``check_every`` steps. ``graphs``: the decoder step at
+    fixed addresses, replayed as a CUDA graph on CUDA (``ranmt.inference.graphs``)."""
     _check_every(check_every)
     batch, device = src.shape[0], src.device
     caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                    prefix)  # caps (B,)
+    decoder = StaticDecoder(model, cache, batch, capacity, device, graphs) if graphs else None
     tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)  # capacity: live
     scores = torch.zeros(batch, device=device)
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(capacity):
-        logprobs = model.decode_step(prev, cache)  # (B, V)
+        logprobs = (model.decode_step(prev, cache) if decoder is None
+                    else decoder.step(prev))  # (B, V)
         constrain_rows(logprobs, step, fixed_length, caps, prefix)
         best_score, best = logprobs.max(dim=-1)  # (B,)
         live = lengths.eq(capacity)
@@ -562,7 +569,8 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
                           lenpen_style: str = "gnmt", max_len_a: float = 1.2,
                           max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
                           fixed_length: int | None = None, prefix: Tensor | None = None,
-                          check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+                          check_every: int = 8, graphs: bool = False
+                          ) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``:
     the hypotheses and scores of :func:`beam_search` without a host sync inside a step.
 
@@ -574,6 +582,9 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     finish go to a spare slot ``beam``), the beams are reordered within each sentence (the
     memory side of a grouped cache never moves), and whether every sentence is done is read
     once every ``check_every`` steps (at most ``check_every - 1`` wasted steps).
+
+    ``graphs``: the decoder step (with the reorder of the step before) at fixed addresses,
+    replayed as a CUDA graph on CUDA (``ranmt.inference.graphs``); same hypotheses.
     """
     _check_every(check_every)
     device, batch = src.device, src.shape[0]
@@ -584,8 +595,12 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
     beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
+    decoder = (StaticDecoder(model, cache, batch * beam, capacity, device, graphs)
+               if graphs else None)
+    rows = None  # the reorder of the last step, done by the static decoder's next step
     for step in range(capacity):
-        logprobs = model.decode_step(prev, cache)  # (B*beam, V)
+        logprobs = (model.decode_step(prev, cache) if decoder is None
+                    else decoder.step(prev, rows))  # (B*beam, V)
         constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
         top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
 
@@ -600,7 +615,8 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
         # next_beams gives it -inf beam scores: it stays done without a mask.
         picked, beam_scores = next_beams(extends, top_scores, beam)  # (B, beam)
         rows = (first_row + top_beams.gather(1, picked)).view(-1)  # within each sentence
-        model.reorder_cache(cache, rows, within_groups=True)
+        if decoder is None:
+            model.reorder_cache(cache, rows, within_groups=True)
         history = history.index_select(0, rows)
         history[:, step] = top_tokens.gather(1, picked).view(-1)
         prev = history[:, step: step + 1]
@@ -631,7 +647,7 @@ def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
            lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
            nbest: int = 1, fixed_length: int | None = None, reference: bool = False,
            prefix: Tensor | None = None, sync_free: bool | None = None,
-           check_every: int = 8) -> list[list[tuple[list[int], float]]]:
+           check_every: int = 8, graphs: bool = False) -> list[list[tuple[list[int], float]]]:
     """Greedy search for ``beam == 1``, beam search otherwise. ``fixed_length`` L: every
     hypothesis has exactly L tokens (EOS is not allowed before, and forced at, L), for speed
     measurements independent of what a model happens to write. ``prefix`` (B, P): forced
@@ -639,16 +655,21 @@ def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
 
     Which implementation (same hypotheses and scores): the reference with ``reference``;
     else the sync-free search (whether all are done read every ``check_every`` steps) when
-    ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search."""
+    ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search.
+    ``graphs``: the sync-free search with its decoder step replayed as a CUDA graph on CUDA
+    (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``)."""
     if beam < 1:
         raise ValueError(f"beam size must be >= 1, not {beam}")
+    if graphs and (reference or sync_free is False):
+        raise ValueError("graphs replay the sync-free search's step: not with the reference "
+                         "or the shrinking search")
     if sync_free is None:
-        sync_free = src.device.type != "cpu"
+        sync_free = graphs or src.device.type != "cpu"
     if reference:
         greedy, beam_fn, extra = greedy_search_reference, beam_search_reference, {}
     elif sync_free:
         greedy, beam_fn = greedy_search_sync_free, beam_search_sync_free
-        extra = {"check_every": check_every}
+        extra = {"check_every": check_every, "graphs": graphs}
     else:
         greedy, beam_fn, extra = greedy_search, beam_search, {}
     if beam == 1:

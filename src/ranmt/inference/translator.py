@@ -208,7 +208,7 @@ class Translator:
             return sample(self.model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b,
                           prefix)
         return search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
-                      d.max_len_b, d.nbest, prefix=prefix)
+                      d.max_len_b, d.nbest, prefix=prefix, graphs=d.cuda_graphs)
 
     def continuous_decoder(self, **decode_overrides) -> tuple[ContinuousDecoder, DecodeConfig]:
         """A step-level batching decoder (:mod:`ranmt.inference.continuous`) with this model's

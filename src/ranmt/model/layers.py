@@ -38,11 +38,13 @@ class SinusoidalPositions(nn.Module):
         table[:, 1: 2 * half: 2] = torch.cos(angles)
         return table
 
-    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+    def forward(self, length: int, offset: int | Tensor = 0, span: int | None = None
+                ) -> Tensor:
         """(length, d) embeddings of positions offset .. offset+length-1; with ``offset`` a
-        (B,) tensor of positions (one query per row): (B, 1, d)."""
+        (B,) tensor of positions (one query per row): (B, 1, d), ``span`` (when known) a
+        bound on them (the largest + 1), which spares reading their maximum on the host."""
         if isinstance(offset, Tensor):
-            end = int(offset.max()) + 1
+            end = int(offset.max()) + 1 if span is None else span
             if end > self.table.shape[0]:
                 self.table = self._table(end).to(self.table.device)
             return self.table[offset][:, None]
@@ -60,10 +62,11 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_positions, d_model)
         nn.init.normal_(self.embedding.weight, std=d_model ** -0.5)
 
-    def forward(self, length: int, offset: int | Tensor = 0) -> Tensor:
+    def forward(self, length: int, offset: int | Tensor = 0, span: int | None = None
+                ) -> Tensor:
         """As :meth:`SinusoidalPositions.forward`."""
         if isinstance(offset, Tensor):
-            end = int(offset.max()) + 1
+            end = int(offset.max()) + 1 if span is None else span
             self._check(end)
             return self.embedding.weight[offset][:, None]
         end = offset + length
@@ -97,11 +100,13 @@ class Embedder(nn.Module):
         self.scale = math.sqrt(tokens.embedding_dim)
         self.dropout = Dropout(dropout)
 
-    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """``offset``: position of the first token, or (B,) positions of one token per row."""
+    def forward(self, ids: Tensor, offset: int | Tensor = 0, span: int | None = None
+                ) -> Tensor:
+        """``offset``: position of the first token, or (B,) positions of one token per row
+        (``span``: their largest + 1, if known)."""
         x = self.tokens(ids) * self.scale
         if self.positions is not None:
-            x = x + self.positions(ids.shape[1], offset).to(x.dtype)
+            x = x + self.positions(ids.shape[1], offset, span).to(x.dtype)
         dtype = activation_dtype()  # bf16 training on a CPU: a bf16 residual stream
         if dtype is not None:
             x = x.to(dtype)

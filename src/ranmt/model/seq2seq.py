@@ -87,7 +87,7 @@ class Decoder(nn.Module):
         """
         positions = None if cache is None else cache.positions
         offset = 0 if cache is None else cache.step if positions is None else positions
-        x = self.embedder(tgt_in, offset)
+        x = self.embedder(tgt_in, offset, None if positions is None else cache.span)
         self_state, cross_state = self.initial_states()
         all_weights = []
         for index, layer in enumerate(self.layers):

@@ -7,7 +7,8 @@ on a machine with a GPU runs them). What they check:
   TF32 off), and incremental decoding equals the full pass on CUDA;
 - the fast search (static caches, tensorised beams) equals the reference search on CUDA,
   and beam 1 equals greedy; the decoder step replayed as a CUDA graph equals it eager;
-- training on CUDA: ``torch.compile`` gives eager's losses, a one-process ``torchrun``
+- training on CUDA: deferred host reads give per-step reads' losses without a sync inside
+  the steps, ``torch.compile`` gives eager's losses, a one-process ``torchrun``
   (NCCL) gives a plain run's weights, a checkpoint written on the GPU translates the
   same on the CPU, and bf16 decoding on the GPU agrees with fp32.
 """
@@ -170,6 +171,28 @@ def test_resume_on_cuda_restores_the_cuda_generator(reverse_data, tmp_path):
     assert len(straight) == len(split) == 12
     assert split[6:] == pytest.approx(straight[6:], rel=1e-4)
 
+
+
+def test_deferred_host_reads_on_cuda(reverse_data, tmp_path):
+    """On CUDA the trainer reads losses at log steps only (train.host_reads=auto): the
+    losses of per-step reads, and no host read inside the steps between log steps."""
+    from ranmt.runtime.host_syncs import SyncCounter
+
+    values = {**TRAIN, "train.max_steps": "20", "train.log_every": "10"}
+    train(load_config(None, {**values, "train.host_reads": "step"}), reverse_data,
+          tmp_path / "step")
+    train(load_config(None, values), reverse_data, tmp_path / "auto")
+    assert "host reads losses every 10" in (tmp_path / "auto/train.log").read_text()
+    assert logged_losses(tmp_path / "auto") == pytest.approx(logged_losses(tmp_path / "step"),
+                                                             rel=2e-3)
+    counts = []
+    for steps in (10, 20):
+        with SyncCounter() as counter:
+            train(load_config(None, {**values, "train.max_steps": str(steps),
+                                     "train.log_every": "1000"}), reverse_data,
+                  tmp_path / f"count{steps}")
+        counts.append(counter.total)
+    assert counts[0] == counts[1], counts
 
 def test_compiled_training_on_cuda_gives_eager_losses(reverse_data, tmp_path):
     # no dropout anywhere: Inductor draws its masks from another generator than eager

@@ -46,6 +46,23 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_d
     assert "2 processes" in log[0]
 
 
+
+def test_deferred_reads_across_processes(reverse_data, tmp_path):
+    """train.host_reads=log with DDP: each step's loss sums are all-reduced on the device,
+    so two processes log the losses (and reach the weights) of one process with the same
+    effective batch."""
+    deferred = ("train.host_reads=log", "train.log_every=4")
+    _run(reverse_data, tmp_path / "one", 1, "train.max_steps=8", "train.accumulation=2",
+         *deferred)
+    _run(reverse_data, tmp_path / "two", 2, "train.max_steps=8", *deferred)
+    assert logged_losses(tmp_path / "two") == pytest.approx(logged_losses(tmp_path / "one"),
+                                                            rel=1e-4)
+    assert len(logged_losses(tmp_path / "two")) == 2
+    one = load_file(str(tmp_path / "one/checkpoints/step_00000008/model.safetensors"))
+    two = load_file(str(tmp_path / "two/checkpoints/step_00000008/model.safetensors"))
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=2e-5, rtol=1e-4, msg=key)
+
 def test_resume_two_process_run_with_one_process(reverse_data, tmp_path):
     _run(reverse_data, tmp_path / "run", 2, "train.max_steps=4")
     _run(reverse_data, tmp_path / "run", 1, "train.max_steps=8")

@@ -40,6 +40,7 @@ CrossAttentionLayers = Literal["all", "last"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 DropoutMasks = Literal["torch", "fast"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
+HostReads = Literal["auto", "step", "log"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
 
@@ -212,6 +213,12 @@ class TrainConfig:
     """cpu | cuda | cuda:N | auto."""
     max_nonfinite: int = 10
     """Stop after this many non-finite losses in a row (each one skips its update)."""
+    host_reads: HostReads = "auto"
+    """When the host reads a step's loss: step (every step: exact per-step checks and
+    timing) | log (every log_every steps and before validations/checkpoints, so that a GPU
+    is never left waiting for the host; non-finite updates skipped on the device by fused
+    Adam, a skipped step still counts as a step; not with fp16) | auto (log on CUDA, step
+    elsewhere). ranmt.training.deferred."""
     threads: int = 0
     """CPU threads for torch (0 = leave torch's default)."""
     compile: bool = False

@@ -201,6 +201,12 @@ class Batch:
     def target_tokens(self) -> int:
         return int(self.tgt_out.ne(PAD).sum())
 
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked memory, so that its copy to a GPU runs asynchronously
+        (a copy from pageable memory makes the host wait; needs CUDA)."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(),
+                     self.tgt_out.pin_memory(), self.indices)
+
     def to(self, device: torch.device) -> Batch:
         return Batch(self.src.to(device, non_blocking=True),
                      self.tgt_in.to(device, non_blocking=True),
@@ -267,11 +273,12 @@ class BatchPrefetcher:
 
     ``plan`` lists the index arrays in the order the loop will consume them; iteration
     yields the collated :class:`Batch` objects in that order. ``close()`` stops the worker
-    (the loop may stop early: time budget, signal).
+    (the loop may stop early: time budget, signal). ``pin``: the worker also pins each batch
+    (training on CUDA).
     """
 
     def __init__(self, split, plan: list[np.ndarray], max_positions: int | None = None,
-                 depth: int = 8, buckets: ShapeBuckets | None = None):
+                 depth: int = 8, buckets: ShapeBuckets | None = None, pin: bool = False):
         import queue
         import threading
 
@@ -283,6 +290,8 @@ class BatchPrefetcher:
             try:
                 for indices in plan:
                     batch = batch_from_split(split, indices, max_positions, buckets)
+                    if pin:
+                        batch = batch.pin_memory()
                     while not self._stop.is_set():
                         try:
                             self._queue.put(batch, timeout=0.1)

@@ -65,6 +65,7 @@ from ranmt.model import build_model, count_parameters
 from ranmt.runtime.dropout import fast_masks
 from ranmt.runtime.memory import retain_freed_memory
 from ranmt.runtime.precision import PrecisionPolicy, legacy_precision
+from ranmt.training.deferred import DeviceTally
 from ranmt.training.distributed import (
     all_reduce_sum,
     barrier,
@@ -272,13 +273,26 @@ class TrainingRun:
             self.step_model = torch.compile(self.step_model, mode=self.t.compile_mode,
                                             dynamic=False if self.buckets else None)
         t = self.t
+        self.deferred = self._reads_deferred()
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,
                                           betas=tuple(t.adam_betas), eps=t.adam_eps,
                                           weight_decay=t.weight_decay,
-                                          fused=self.policy.fused_optimizer or None)
+                                          fused=self.policy.fused_optimizer or self.deferred
+                                          or None)
         if self.resume_from is not None:
             self._restore_optimizer_and_rng()
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.policy.loss_scaling)
+
+    def _reads_deferred(self) -> bool:
+        """Whether the host reads the steps' results only at log steps (train.host_reads:
+        ``auto`` defers on CUDA; never with fp16, whose loss scaler reads every step)."""
+        mode = self.t.host_reads
+        deferred = self.device.type == "cuda" if mode == "auto" else mode == "log"
+        if deferred and self.policy.loss_scaling:
+            self.notes.append("note: fp16 reads every step's loss (train.host_reads=step): "
+                              "its loss scaler checks each step")
+            return False
+        return deferred
 
     # ---- resuming (the resume path: these two, _latest_training_checkpoint, checkpoint)
     def _resumed_model(self) -> torch.nn.Module:
@@ -353,7 +367,9 @@ class TrainingRun:
             f"{len(self.train_split)} training pairs"
             + (f", {ctx.world_size} processes (effective batch: data.max_tokens x "
                f"{ctx.world_size} x train.accumulation)" if ctx.enabled else "")
-            + (f", resuming from {self.resume_from.name}" if self.resume_from else ""))
+            + (f", resuming from {self.resume_from.name}" if self.resume_from else "")
+            + (f", the host reads losses every {t.log_every} steps (train.host_reads=log)"
+               if self.deferred else ""))
         if ctx.is_main:
             (self.run_dir / "parameters.json").write_text(json.dumps(self.params, indent=1))
         self.max_time = parse_duration(t.max_time)
@@ -365,6 +381,8 @@ class TrainingRun:
         self.data_wait = 0.0  # seconds spent building batches in the current log window
         self.total_tokens, self.total_train_time = 0, 0.0
         self.nonfinite_in_a_row = 0
+        self.tally = DeviceTally(self.device) if self.deferred else None
+        self.window_clock: float | None = None  # deferred reads: when the window's steps began
         self.last_validated = self.step if self.resume_from is not None else -1
         self.stop_reason: str | None = None
         self.progress = tqdm(total=t.max_steps or None, initial=self.step,
@@ -400,7 +418,8 @@ class TrainingRun:
         per_step = ctx.world_size * t.accumulation
         plan = rank_plan(batches, self.batch_index, ctx.world_size, ctx.rank, t.accumulation)
         # a worker builds the batches
-        prefetcher = BatchPrefetcher(self.train_split, plan, buckets=self.buckets)
+        prefetcher = BatchPrefetcher(self.train_split, plan, buckets=self.buckets,
+                                     pin=self.device.type == "cuda")
         try:
             while len(batches) - self.batch_index >= ctx.world_size:
                 group = batches[self.batch_index: self.batch_index + per_step][
@@ -435,7 +454,7 @@ class TrainingRun:
 
     def optimizer_step(self, group: list, prefetcher: BatchPrefetcher) -> bool:
         """Forward/backward over the step's batches, then one update; False if skipped."""
-        ctx, t, device = self.ctx, self.t, self.device
+        ctx, device = self.ctx, self.device
         step_start = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
         local_tokens = sum(int((self.tgt_lens[b] + 1).sum()) for b in group)
@@ -444,6 +463,7 @@ class TrainingRun:
         # losses over all their target tokens (equal to one big batch).
         loss_scale = ctx.world_size / group_tokens
         local_loss = local_nll = 0.0
+        on_device = []  # deferred reads: each batch's (loss, nll) sums (2,)
         for position, indices in enumerate(group):
             wait_start = time.monotonic()
             batch = next(prefetcher)
@@ -455,26 +475,23 @@ class TrainingRun:
             sync = contextlib.nullcontext() if (last or not ctx.enabled) \
                 else self.ddp_model.no_sync()
             with sync:
-                with self.policy.forward(), fast_masks(t.dropout_masks == "fast"):
+                with self.policy.forward(), fast_masks(self.t.dropout_masks == "fast"):
                     logits = self.step_model(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+                loss, nll = label_smoothed_loss(logits, batch.tgt_out, self.t.label_smoothing)
                 self.scaler.scale(loss * loss_scale).backward()
-            local_loss += float(loss.detach())
-            local_nll += float(nll)
+            if self.deferred:
+                on_device.append(torch.stack([loss.detach().float(), nll.detach().float()]))
+            else:
+                local_loss += float(loss.detach())
+                local_nll += float(nll)
+        if self.deferred:
+            return self._deferred_update(sum(on_device), group_tokens, step_start)
         group_loss, group_nll = all_reduce_sum([local_loss, local_nll], ctx, device)
         if not math.isfinite(group_loss):
             self._skip_nonfinite()
             return False
         self.nonfinite_in_a_row = 0
-        self.lr = inverse_sqrt_lr(self.step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
-        for group_params in self.optimizer.param_groups:
-            group_params["lr"] = self.lr
-        self.scaler.unscale_(self.optimizer)
-        if t.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.step += 1
+        self._update()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed_step = time.monotonic() - step_start
@@ -485,6 +502,69 @@ class TrainingRun:
         self.total_train_time += elapsed_step
         self.progress.update(1)
         return True
+
+    def _update(self) -> None:
+        """The optimizer update of the accumulated gradients (learning rate of the next
+        step, unscaling, clipping), and the step count."""
+        t = self.t
+        self.lr = inverse_sqrt_lr(self.step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
+        for group_params in self.optimizer.param_groups:
+            group_params["lr"] = self.lr
+        self.scaler.unscale_(self.optimizer)
+        if t.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.step += 1
+
+    def _deferred_update(self, step_sums, group_tokens: int, step_start: float) -> bool:
+        """``train.host_reads=log``: the update with nothing read on the host. The step's
+        (loss, nll) sums (2,) stay on the device (summed over ranks there); a non-finite
+        loss skips the update inside fused Adam (its ``found_inf``), and the tallies are
+        read at the next log step (:meth:`_read_tallies`)."""
+        if self.ctx.enabled:
+            torch.distributed.all_reduce(step_sums)
+        skip = self.tally.nonfinite(step_sums)  # 0-dim float32 on the device
+        self.optimizer.found_inf = skip
+        try:
+            self._update()
+        finally:
+            del self.optimizer.found_inf
+        self.tally.add(step_sums, skip, group_tokens)
+        if self.window_clock is None:
+            self.window_clock = step_start
+        self.window["tokens"] += group_tokens
+        self.window["steps"] += 1
+        self.total_tokens += group_tokens
+        self.progress.update(1)
+        return True
+
+    def _read_tallies(self) -> None:
+        """Deferred reads: bring the device tallies and the window's time to the host (one
+        sync), log skipped steps and stop after ``max_nonfinite`` in a row."""
+        if self.tally is None or self.window_clock is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.monotonic() - self.window_clock
+        self.window_clock = None
+        self.window["time"] += elapsed
+        self.total_train_time += elapsed
+        reading = self.tally.read()
+        self.window["loss"] += reading.loss
+        self.window["nll"] += reading.nll
+        self.window["tokens"] -= reading.skipped_tokens
+        self.total_tokens -= reading.skipped_tokens
+        self.nonfinite_in_a_row = reading.run
+        if not reading.skipped:
+            return
+        self.state["nonfinite_skipped"] += reading.skipped
+        self.log.line(f"{reading.skipped} non-finite loss(es) since the last read (steps up to "
+                      f"{self.step}), updates skipped ({self.state['nonfinite_skipped']} so "
+                      f"far, {reading.longest_run} in a row at most)")
+        if reading.longest_run >= self.t.max_nonfinite and self.stop_reason is None:
+            self.stop_reason = (f"{reading.longest_run} non-finite losses in a row "
+                                "(train.max_nonfinite); lower train.lr or check the data")
 
     def _skip_nonfinite(self) -> None:
         """A non-finite loss: drop the update, count it, stop after too many in a row."""
@@ -502,9 +582,14 @@ class TrainingRun:
 
     def _after_step(self) -> None:
         """Log, check the budgets (every rank decides alike), validate and checkpoint."""
+        t = self.t
         if self.seconds_to_first_step is None:
             self.seconds_to_first_step = time.monotonic() - self.created
-        if self.step % self.t.log_every == 0:
+        if self.step % t.log_every == 0 or self.step % t.validate_every == 0 or (
+                t.max_steps and self.step >= t.max_steps):
+            self._read_tallies()  # deferred reads only; it may stop the run (non-finite)
+        nonfinite_stop = self.stop_reason
+        if self.step % t.log_every == 0:
             self._log_window()
         elapsed = time.monotonic() - self.start_time
         # Every rank must take the same decision: combine the time/signal flags.
@@ -512,7 +597,7 @@ class TrainingRun:
             [float(bool(self.max_time) and elapsed >= self.max_time),
              float(self.stop_signal.received is not None)], self.ctx, self.device)
         self.stop_reason = self._budget_reached(out_of_time=bool(out_of_time),
-                                                epochs=False)
+                                                epochs=False) or nonfinite_stop
         if self.stop_reason is None and signalled:
             self.stop_reason = f"{self.stop_signal.received or 'signal'} received"
         if self.step % self.t.validate_every == 0 and self.stop_reason is None:
@@ -534,6 +619,9 @@ class TrainingRun:
 
     def _log_window(self) -> None:
         window = self.window
+        if not window["tokens"]:  # deferred reads: every step of the window was skipped
+            self.window = {k: 0.0 if k != "tokens" else 0 for k in window}
+            return
         tok_s = window["tokens"] / max(window["time"], 1e-9)
         wait_share = self.data_wait / max(window["time"], 1e-9)
         loss_avg = window["loss"] / window["tokens"]
@@ -576,6 +664,7 @@ class TrainingRun:
 
     def checkpoint(self, valid_result: dict | None) -> None:
         """Save step_N (keeping the last K) and, if this step is the best, ``best``."""
+        self._read_tallies()  # the trainer state's counts up to this step
         if not self.ctx.is_main:
             return
         state, run_dir = self.state, self.run_dir
@@ -598,6 +687,7 @@ class TrainingRun:
     # ---- the end
     def finish(self) -> None:
         """Validate and save the last step (on a signal: save only, quickly)."""
+        self._read_tallies()
         self.progress.close()
         if self.last_validated != self.step:
             if self.stop_reason.endswith("received"):

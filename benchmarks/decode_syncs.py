@@ -8,7 +8,7 @@ This script counts them with :class:`ranmt.runtime.host_syncs.SyncCounter` for
 * ``shrinking``: the fast searches, finished sentences leave the batch (the CPU default);
 * ``sync-free/K``: every row kept to the end, masks instead of a shrinking batch, whether
   everyone is done read every K steps (the GPU default, ``check_every=8``);
-* ``graphs/K`` (with ``--graphs``): the same search with its decoder step at fixed
+* ``graphs/K`` (with ``--graphs``): the same search with its whole step at fixed
   addresses, recorded once as a CUDA graph and replayed (on a CPU the same step eagerly).
 
 Syncs per step are the difference between a search of ``--fixed-length`` L and of 2L
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-reference-speed", action="store_true",
                    help="count the reference's syncs but do not time it (it is slow)")
     p.add_argument("--graphs", action="store_true",
-                   help="add graphs/K: the sync-free search with its decoder step at fixed "
+                   help="add graphs/K: the sync-free search with its whole step at fixed "
                         "addresses, replayed as a CUDA graph on CUDA (eager elsewhere)")
     args = p.parse_args(argv)
     device = torch.device(args.device)

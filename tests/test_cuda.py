@@ -6,7 +6,7 @@ on a machine with a GPU runs them). What they check:
 - the forward pass of every architecture on CUDA equals the CPU's (same weights, fp32,
   TF32 off), and incremental decoding equals the full pass on CUDA;
 - the fast search (static caches, tensorised beams) equals the reference search on CUDA,
-  and beam 1 equals greedy; the decoder step replayed as a CUDA graph equals it eager;
+  and beam 1 equals greedy; the search step replayed as a CUDA graph equals it eager;
 - training on CUDA: deferred host reads give per-step reads' losses without a sync inside
   the steps, ``torch.compile`` gives eager's losses, a one-process ``torchrun``
   (NCCL) gives a plain run's weights, a checkpoint written on the GPU translates the
@@ -130,19 +130,19 @@ def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa", "syn-r"])
 def test_cuda_graph_decoding_equals_eager(arch, monkeypatch):
-    """The decoder step recorded as a CUDA graph and replayed (``search(graphs=True)``)
+    """The search step recorded as a CUDA graph and replayed (``search(graphs=True)``)
     gives the eager sync-free search's hypotheses and scores, greedy and beam, and the
     graph was recorded (not an eager fallback)."""
     from ranmt.inference import graphs
 
     made = []
 
-    class Noting(graphs.StaticDecoder):
+    class Noting(graphs.RecordedStep):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr("ranmt.inference.decode.StaticDecoder", Noting)
+    monkeypatch.setattr("ranmt.inference.decode.RecordedStep", Noting)
     model, _ = tiny_model(seed=4, **{"model.arch": arch})
     model = model.cuda()
     src = random_batch(batch=6, src_len=9, seed=4)[0].cuda()

@@ -1,5 +1,5 @@
-"""The decoder step at fixed addresses (``ranmt.inference.graphs.StaticDecoder``) that CUDA
-graphs replay, checked on the CPU where it runs eagerly.
+"""The search step at fixed addresses (``ranmt.inference.graphs``: ``StaticDecoder``,
+``RecordedStep``) that CUDA graphs replay, checked on the CPU where it runs eagerly.
 
 A replayed graph runs the recorded kernels on the recorded addresses, so the step must (1)
 give the sync-free search's hypotheses and scores for every decoder-side attention, beam and
@@ -61,8 +61,8 @@ class _Recorder(graphs.StaticDecoder):
         self.seen: list[dict] = []
         _Recorder.made.append(self)
 
-    def step(self, prev, order=None):
-        logprobs = super().step(prev, order)
+    def decode(self, prev):
+        logprobs = super().decode(prev)
         self.seen.append(self.addresses())
         return logprobs
 
@@ -116,11 +116,11 @@ def test_a_step_that_changes_a_cached_shape_is_refused():
     cache = model.init_cache(memory, pad_mask, capacity=20)
     decoder = graphs.StaticDecoder(model, cache, 2, 20, src.device)
     with torch.inference_mode():
-        decoder.step(torch.ones(2, 1, dtype=torch.long))
+        decoder.decode(torch.ones(2, 1, dtype=torch.long))
         for member in cache.members:
             member.span = 40  # the history must grow past its slots
         with pytest.raises(RuntimeError, match="shape"):
-            decoder.step(torch.ones(2, 1, dtype=torch.long))
+            decoder.decode(torch.ones(2, 1, dtype=torch.long))
 
 
 def test_the_cuda_graphs_option_reaches_the_search(translators, monkeypatch):

@@ -258,7 +258,7 @@ class DecodeConfig:
     nbest: int = decode_option(1, "hypotheses returned per input (samples with sampling); at "
                                   "most the beam size", ge=1)
     cuda_graphs: bool = decode_option(
-        False, "search on a GPU with each decoder step recorded once as a CUDA graph and "
+        False, "search on a GPU with each search step recorded once as a CUDA graph and "
                "replayed (the sync-free search at fixed addresses; same outputs); on a CPU "
                "the same step runs eagerly, slower than the default search "
                "(ranmt.inference.graphs)")

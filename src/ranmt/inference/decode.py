@@ -24,8 +24,8 @@ device value on the host (no ``.item()``, ``bool(tensor)``, ``nonzero()``, boole
 indexing); whether everyone is done is read once every ``check_every`` steps. On a GPU the
 host then queues step after step without waiting for the device. :func:`search` picks it
 on CUDA and the shrinking search elsewhere unless told (``sync_free``). With ``graphs`` the
-sync-free search's decoder step runs at fixed addresses and, on CUDA, is replayed as a CUDA
-graph (``ranmt.inference.graphs``).
+sync-free search's whole step (its decoder at fixed addresses) is, on CUDA, recorded once as
+a CUDA graph and replayed (``ranmt.inference.graphs``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from ranmt.inference.graphs import StaticDecoder
+from ranmt.inference.graphs import RecordedStep, StaticDecoder
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID, Seq2Seq
 
 
@@ -491,12 +491,14 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
                     caps: Tensor, prefix: Tensor | None) -> None:
     """:func:`_constrain` for every row at once, without reading a device value on the host:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
-    (in place). ``step``: the step of every row, or each row's own (N,) (step-level
-    batching, ``ranmt.inference.continuous``)."""
-    per_row = isinstance(step, Tensor)
-    if per_row and fixed_length is not None:
+    (in place). ``step``: the step of every row (an int, or a 0-dim tensor: the sync-free
+    searches), or each row's own (N,) (step-level batching, ``ranmt.inference.continuous``).
+    """
+    on_device = isinstance(step, Tensor)
+    per_row = on_device and step.dim() == 1
+    if on_device and fixed_length is not None:
         logprobs[:, EOS_ID].masked_fill_(step.lt(fixed_length), float("-inf"))
-    elif not per_row:
+    elif not on_device:
         _suppress_early_eos(logprobs, step, fixed_length)
     if per_row:  # step-level batching (a CPU search): only the rows at their limit, found
         at_limit = caps.le(step).nonzero()[:, 0]  # on the host, are rewritten
@@ -508,9 +510,10 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
         logprobs[:, EOS_ID] = eos
     if prefix is None:
         return
-    if per_row:  # PAD where a row's prefix has ended
-        inside = step.lt(prefix.shape[1])[:, None]
-        wanted = prefix.gather(1, step.clamp(max=prefix.shape[1] - 1)[:, None])
+    if on_device:  # PAD where a row's prefix has ended
+        steps = step if per_row else step.expand(logprobs.shape[0])  # (N,)
+        inside = steps.lt(prefix.shape[1])[:, None]
+        wanted = prefix.gather(1, steps.clamp(max=prefix.shape[1] - 1)[:, None])
         wanted = wanted.masked_fill(~inside, PAD_ID)
     elif step >= prefix.shape[1]:
         return
@@ -522,6 +525,34 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
     logprobs.scatter_(1, wanted, torch.where(forced, kept, logprobs.gather(1, wanted)))
 
 
+def _penalties(capacity: int, lenpen: float, style: str, device) -> Tensor:
+    """(capacity,) float32: the length penalty of a hypothesis finishing at each step (the
+    values the host would compute, so that scores equal the other searches')."""
+    return torch.tensor([length_penalty(step + 1, lenpen, style) for step in range(capacity)],
+                        dtype=torch.float32, device=device)
+
+
+class _DeviceDecoder:
+    """The decoder side of a sync-free search step: the model's own ``decode_step`` and
+    ``reorder_cache`` (histories move between buffers), or a :class:`StaticDecoder` (fixed
+    addresses, for a recorded step)."""
+
+    def __init__(self, model, cache, rows: int, capacity: int, device, static: bool):
+        self.model, self.cache = model, cache
+        self.static = StaticDecoder(model, cache, rows, capacity, device) if static else None
+
+    def decode(self, prev: Tensor) -> Tensor:
+        if self.static is not None:
+            return self.static.decode(prev)
+        return self.model.decode_step(prev, self.cache)
+
+    def reorder(self, rows: Tensor) -> None:
+        if self.static is not None:
+            self.static.reorder(rows)
+        else:
+            self.model.reorder_cache(self.cache, rows, within_groups=True)
+
+
 @torch.inference_mode()
 def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
                             max_len_b: int = 10, limit: int | None = None,
@@ -531,29 +562,36 @@ def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``, the output of
     :func:`greedy_search` without a host sync inside a step: every sentence stays in the
     batch (a finished one writes PAD and adds nothing to its score) and whether all have
-    finished is read once every ``check_every`` steps. ``graphs``: the decoder step at
-    fixed addresses, replayed as a CUDA graph on CUDA (``ranmt.inference.graphs``)."""
+    finished is read once every ``check_every`` steps. The state lives in tensors updated
+    in place and the step counter on the device, so that with ``graphs`` the whole step is
+    recorded once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``)."""
     _check_every(check_every)
     batch, device = src.shape[0], src.device
     caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                    prefix)  # caps (B,)
-    decoder = StaticDecoder(model, cache, batch, capacity, device, graphs) if graphs else None
+    decoder = _DeviceDecoder(model, cache, batch, capacity, device, static=graphs)
     tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)  # capacity: live
     scores = torch.zeros(batch, device=device)
     prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
-    for step in range(capacity):
-        logprobs = (model.decode_step(prev, cache) if decoder is None
-                    else decoder.step(prev))  # (B, V)
+    step = torch.zeros((), dtype=torch.long, device=device)
+
+    def one_step() -> None:
+        logprobs = decoder.decode(prev)  # (B, V)
         constrain_rows(logprobs, step, fixed_length, caps, prefix)
         best_score, best = logprobs.max(dim=-1)  # (B,)
         live = lengths.eq(capacity)
-        scores += best_score.masked_fill(~live, 0.0)
-        tokens[:, step] = best.masked_fill(~live, PAD_ID)
-        lengths.masked_fill_(live & best.eq(EOS_ID), step)
-        if (step + 1) % check_every == 0 and not bool(lengths.eq(capacity).any()):
+        scores.add_(best_score.masked_fill(~live, 0.0))
+        tokens.scatter_(1, step.expand(batch, 1), best.masked_fill(~live, PAD_ID)[:, None])
+        lengths.copy_(torch.where(live & best.eq(EOS_ID), step, lengths))  # ended at step
+        prev.copy_(best[:, None])
+        step.add_(1)
+
+    run = RecordedStep(one_step, device, graphs)
+    for index in range(capacity):
+        run()
+        if (index + 1) % check_every == 0 and not bool(lengths.eq(capacity).any()):
             break
-        prev = best[:, None]
     lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
     return [[(tokens[row][: lengths[row]], scores[row])] for row in range(batch)]
 
@@ -583,43 +621,50 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     memory side of a grouped cache never moves), and whether every sentence is done is read
     once every ``check_every`` steps (at most ``check_every - 1`` wasted steps).
 
-    ``graphs``: the decoder step (with the reorder of the step before) at fixed addresses,
-    replayed as a CUDA graph on CUDA (``ranmt.inference.graphs``); same hypotheses.
+    The search's state (beam scores, histories, finished hypotheses, the step counter) lives
+    in tensors updated in place, so that with ``graphs`` the whole step (decoder, selection,
+    reorder) is recorded once as a CUDA graph and replayed (on CUDA; the decoder then runs
+    at fixed addresses, ``ranmt.inference.graphs``); same hypotheses.
     """
     _check_every(check_every)
     device, batch = src.device, src.shape[0]
     caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                        prefix, group=beam)  # caps (B,)
+    decoder = _DeviceDecoder(model, cache, batch * beam, capacity, device, static=graphs)
     finished = Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
     row_caps = caps_all.repeat_interleave(beam)  # (B*beam,)
     row_prefix = None if prefix is None else prefix.repeat_interleave(beam, dim=0)
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
     beam_scores, history, prev = _first_beams(batch, beam, capacity, device)
-    decoder = (StaticDecoder(model, cache, batch * beam, capacity, device, graphs)
-               if graphs else None)
-    rows = None  # the reorder of the last step, done by the static decoder's next step
-    for step in range(capacity):
-        logprobs = (model.decode_step(prev, cache) if decoder is None
-                    else decoder.step(prev, rows))  # (B*beam, V)
+    penalties = _penalties(capacity, lenpen, lenpen_style, device)  # (capacity,)
+    step = torch.zeros((), dtype=torch.long, device=device)
+    keep = torch.ones(batch, dtype=torch.bool, device=device)  # sentences not done
+
+    def one_step() -> None:
+        logprobs = decoder.decode(prev)  # (B*beam, V)
         constrain_rows(logprobs, step, fixed_length, row_caps, row_prefix)
         top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
-
         ends, extends, slots = select_candidates(top_scores, top_tokens, finished.counts,
                                                   beam)
         store_finished(finished, ends, slots, top_scores, top_beams, history, step,
-                        length_penalty(step + 1, lenpen, lenpen_style), beam)
-        keep = finished.counts.lt(beam) & extends.any(1)  # (B,)
-        if (step + 1) % check_every == 0 and not bool(keep.any()):
-            break
+                        penalties.gather(0, step.view(1)), beam)
+        keep.copy_(finished.counts.lt(beam) & extends.any(1))
         # A done sentence takes no candidate (its slots are full, or none was finite), so
         # next_beams gives it -inf beam scores: it stays done without a mask.
-        picked, beam_scores = next_beams(extends, top_scores, beam)  # (B, beam)
+        picked, next_scores = next_beams(extends, top_scores, beam)  # (B, beam)
+        beam_scores.copy_(next_scores)
         rows = (first_row + top_beams.gather(1, picked)).view(-1)  # within each sentence
-        if decoder is None:
-            model.reorder_cache(cache, rows, within_groups=True)
-        history = history.index_select(0, rows)
-        history[:, step] = top_tokens.gather(1, picked).view(-1)
-        prev = history[:, step: step + 1]
+        decoder.reorder(rows)
+        history.copy_(history.index_select(0, rows))
+        prev.copy_(top_tokens.gather(1, picked).view(-1, 1))
+        history.scatter_(1, step.expand(batch * beam, 1), prev)
+        step.add_(1)
+
+    run = RecordedStep(one_step, device, graphs)
+    for index in range(capacity):
+        run()
+        if (index + 1) % check_every == 0 and not bool(keep.any()):
+            break
     return finished.nbest(nbest)
 
 
@@ -656,7 +701,7 @@ def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     Which implementation (same hypotheses and scores): the reference with ``reference``;
     else the sync-free search (whether all are done read every ``check_every`` steps) when
     ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search.
-    ``graphs``: the sync-free search with its decoder step replayed as a CUDA graph on CUDA
+    ``graphs``: the sync-free search with its whole step replayed as a CUDA graph on CUDA
     (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``)."""
     if beam < 1:
         raise ValueError(f"beam size must be >= 1, not {beam}")

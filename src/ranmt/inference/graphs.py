@@ -1,42 +1,43 @@
-"""A decoder step at fixed addresses, replayed as a CUDA graph (issue 44 item 4).
+"""A search step at fixed addresses, replayed as a CUDA graph (issue 44 item 4).
 
 The sync-free searches (``ranmt.inference.decode``) keep every row to the end and read
-nothing on the host inside a step, but they still launch the decoder's kernels one by one
-(a ``base`` decoder step: a few hundred small kernels, which the host issues more slowly
-than the GPU runs them). A CUDA graph records a step once and replays it with one launch;
-it replays the *same kernels on the same addresses*, so the step it records must
+nothing on the host inside a step, but they still launch their kernels one by one (a
+``base`` beam step: a few hundred small kernels for the decoder and about sixty for the
+bookkeeping, which the host issues more slowly than the GPU runs them). A CUDA graph
+records a step once and replays it with one launch; it replays *the same kernels on the
+same addresses*, so the step it records must
 
 * have the same shapes every step: the rows keep per-row positions (``cache.positions``, a
   device tensor advanced in place) and attend over the whole capacity of their histories
-  with a mask (``cache.span`` = capacity), instead of a history that grows by one slot;
-* read its inputs from, and leave its state in, the same tensors every step: the previous
-  tokens and the beam reorder come in through static buffers, and every cache tensor the
-  step or the reorder replaces (a recurrent cross-attention's state, a reordered history)
-  is copied back into the tensor it replaced (:meth:`StaticDecoder._pinned`);
+  with a mask (``cache.span`` = capacity) instead of a history that grows by one slot; the
+  search's own step counter is a device tensor too;
+* read its inputs from, and leave its state in, the same tensors every step: the search
+  keeps its beams, histories and finished hypotheses in tensors it updates in place, and
+  every cache tensor a decoder step or a reorder replaces (a recurrent cross-attention's
+  state, a reordered history) is copied back into the one it replaced
+  (:meth:`StaticDecoder.decode`, :meth:`StaticDecoder.reorder`);
 * decide nothing on the host from device values (the sync-free search already does not).
 
-:class:`StaticDecoder` runs that step. On CUDA with ``graphs`` it takes its first steps
-eagerly (warm-up, on a side stream), records the next one (with the beam reorder before
-it, if it has one) and replays it for every later step of the same kind; elsewhere, or
-without ``graphs``, it runs the same fixed-address step eagerly, which is how the CPU
-tests check everything a replay relies on (equal outputs to the sync-free search, no host
-read, no cache tensor moving after the warm-up). The bookkeeping of the search around it
-(candidates, finished hypotheses) stays eager.
+:class:`StaticDecoder` is the decoder side of such a step; :class:`RecordedStep` runs a
+whole search step (a function of no arguments): on CUDA with ``record`` its first calls
+run eagerly (warm-up, on a side stream), the next is recorded and every later call
+replays the recording; elsewhere, or without ``record``, every call runs eagerly. The CPU
+tests check what a replay relies on (equal outputs to the sync-free search, no host read,
+no cache tensor moving after the warm-up); a ``gpu`` test checks the replay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
 from ranmt.attention.cache import AttentionCache, DecoderCache, EnsembleCache
-from ranmt.model import BOS_ID
 
 WARMUP_STEPS = 2
-"""Eager steps before a graph is recorded (CUDA's lazy initialisation; a beam search's
-first step has no reorder, its second has)."""
+"""Eager calls before a step is recorded (CUDA's lazy initialisation, the first step's
+allocations of the caches)."""
 
 
 def _cache_slots(cache: DecoderCache | EnsembleCache
@@ -60,78 +61,30 @@ def _replace(owner: object, name: str, tensor: Tensor) -> None:
 
 
 class StaticDecoder:
-    """``model.decode_step`` (and the beam reorder before it) over fixed addresses, for
-    ``rows`` decoder rows of ``cache`` (a fast cache of ``capacity`` steps, from
-    ``model.init_cache``), replayed as a CUDA graph when ``graphs`` and on CUDA.
+    """``model.decode_step`` and ``model.reorder_cache`` over fixed addresses, for ``rows``
+    decoder rows of ``cache`` (a fast cache of ``capacity`` steps, ``model.init_cache``).
 
     The cache is switched to per-row positions (all rows at the same position, advanced
     in place) with a span of ``capacity``: a row attends over every slot of its history,
     those after its position masked, so that every step has the same shapes."""
 
     def __init__(self, model, cache: DecoderCache | EnsembleCache, rows: int, capacity: int,
-                 device: torch.device, graphs: bool = False):
+                 device: torch.device):
         self.model, self.cache = model, cache
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)  # (N,)
         for member in cache.members:
             member.positions, member.span = self.positions, capacity
-        self.prev = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)  # (N, 1)
-        self.order = torch.arange(rows, device=device)  # (N,) the rows to keep, in order
-        self.use_graph = graphs and device.type == "cuda"
-        self.steps = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_output: Tensor | None = None
-        self.graph_reorders = False  # whether the recorded step starts with a reorder
 
-    @property
-    def recorded(self) -> bool:
-        """Whether a CUDA graph of the step has been recorded (and is being replayed)."""
-        return self.graph is not None
-
-    def step(self, prev: Tensor, order: Tensor | None = None) -> Tensor:
-        """Keep rows ``order`` (N,) of the cache when given (a beam reorder, within each
-        sentence's rows), then decode ``prev`` (N, 1) -> log-probs (N, V) float32.
-
-        The log-probs live in a buffer the next step overwrites (a graph's output)."""
-        self.prev.copy_(prev)
-        reorder = order is not None
-        if reorder:
-            self.order.copy_(order)
-        self.steps += 1
-        if self.graph is not None and reorder == self.graph_reorders:
-            self.graph.replay()
-            return self.graph_output
-        if not self.use_graph or self.steps <= WARMUP_STEPS or self.graph is not None:
-            return self._eager(reorder)
-        return self._record_and_replay(reorder)
-
-    def _eager(self, reorder: bool) -> Tensor:
-        if not self.use_graph:
-            return self._body(reorder)
-        side = torch.cuda.Stream()  # warm-up off the capturing stream, as CUDA graphs want
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            logprobs = self._body(reorder)
-        torch.cuda.current_stream().wait_stream(side)
-        return logprobs
-
-    def _record_and_replay(self, reorder: bool) -> Tensor:
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self._body(reorder)
-        self.graph, self.graph_output, self.graph_reorders = graph, output, reorder
-        graph.replay()  # recording ran nothing: this is the step itself
-        return output
-
-    def _body(self, reorder: bool) -> Tensor:
-        """The recorded step: reorder, decode, advance the positions; every cache tensor
-        that was replaced is copied back into the one it replaced."""
-        if reorder:
-            self._pinned(lambda: self.model.reorder_cache(self.cache, self.order,
-                                                          within_groups=True))
-        logprobs = self._pinned(lambda: self.model.decode_step(self.prev, self.cache))
+    def decode(self, prev: Tensor) -> Tensor:
+        """prev (N, 1) -> log-probs (N, V) float32; the positions advance by one."""
+        logprobs = self._pinned(lambda: self.model.decode_step(prev, self.cache))
         self.positions.add_(1)
         return logprobs
+
+    def reorder(self, order: Tensor) -> None:
+        """Keep rows ``order`` (N,) of the cache, each sentence's from its own rows (a beam
+        reorder: the memory side does not move)."""
+        self._pinned(lambda: self.model.reorder_cache(self.cache, order, within_groups=True))
 
     def _pinned(self, run):
         """Run ``run()`` and copy every cache tensor it replaced back into the tensor it
@@ -156,3 +109,39 @@ class StaticDecoder:
         none moves after the warm-up, which a replay relies on)."""
         return {(id(owner), name): tensor.data_ptr()
                 for owner, name, tensor in _cache_slots(self.cache)}
+
+
+class RecordedStep:
+    """Calls ``body`` (a search step that updates its state in place), replaying it as a
+    CUDA graph from the call after the warm-up when ``record`` and on CUDA."""
+
+    def __init__(self, body: Callable[[], None], device: torch.device, record: bool):
+        self.body = body
+        self.record = record and device.type == "cuda"
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the step has been recorded (and is being replayed)."""
+        return self.graph is not None
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.graph is not None:
+            self.graph.replay()
+        elif not self.record:
+            self.body()
+        elif self.calls <= WARMUP_STEPS:
+            side = torch.cuda.Stream()  # warm-up off the capturing stream, as graphs want
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.body()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.body()
+            self.graph = graph
+            graph.replay()  # recording ran nothing: this is the step itself

@@ -193,6 +193,35 @@ def test_model_names():
         model_names(["a/run", "b/run"])
 
 
+
+@pytest.mark.parametrize(("http", "loop"), [("auto", "auto"), ("h11", "asyncio"),
+                                            ("httptools", "uvloop")])
+def test_the_http_parser_and_event_loop_reach_uvicorn(runs, monkeypatch, http, loop):
+    """--http / --loop (ServeLimits) are what uvicorn is configured with; ``auto`` lets it
+    take httptools and uvloop, which ranmt installs."""
+    import uvicorn
+
+    from ranmt.serving.app import serve
+
+    configs = []
+
+    class Recording:
+        def __init__(self, config):
+            configs.append(config)
+            self.should_exit = False
+
+        def run(self):
+            configs[-1].load()  # resolves the parser and loop classes as uvicorn would
+
+    monkeypatch.setattr(uvicorn, "Server", Recording)
+    serve([str(runs["transf"])], device="cpu", limits=ServeLimits(http=http, loop=loop))
+    (config,) = configs
+    assert (config.http, config.loop) == (http, loop)
+    protocol = config.http_protocol_class.__name__
+    assert protocol == ("H11Protocol" if http == "h11" else "HttpToolsProtocol")
+    with pytest.raises(ValueError, match="--http"):
+        ServeLimits(http="fast")
+
 def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
     """``ranmt serve ARGS`` on the CPU and a free loopback port, once it answers /health."""
     return launch_server(["--device", "cpu", *args])

@@ -568,6 +568,7 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
 
     import uvicorn
 
+    limits = limits or ServeLimits()
     try:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -582,7 +583,8 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
                    for name, path in model_names(checkpoints).items()}
     app = create_app(translators, limits, api_key)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=30))
+                                           timeout_graceful_shutdown=30, http=limits.http,
+                                           loop=limits.loop))
     _run_until_signalled(server)
 
 

@@ -79,6 +79,19 @@ class ServeLimits:
     process per model that loads its own copy of the model, or ``thread``, the server's
     decoding thread. Scoring, alignments and attention maps run in the server's process."""
 
+    http: str = _choice(
+        "auto", "--http", ("auto", "httptools", "h11"),
+        "HTTP parser: httptools (C; installed with ranmt), h11 (pure "
+        "Python, slower per request) or auto, httptools when installed (default auto)")
+    """uvicorn's HTTP implementation. Under a burst every request's parsing runs on the
+    event loop before its refusal or admission: the C parser keeps that short."""
+
+    loop: str = _choice(
+        "auto", "--loop", ("auto", "uvloop", "asyncio"),
+        "event loop: uvloop (libuv; installed with ranmt on Linux and macOS), asyncio, or "
+        "auto, uvloop when installed (default auto)")
+    """uvicorn's event loop implementation."""
+
     def __post_init__(self):
         for spec in fields(self):
             if "choices" in spec.metadata:

@@ -487,19 +487,15 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
 # ------------------------------------------------------------------------------ sync-free
 
 
-def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | None,
+def constrain_rows(logprobs: Tensor, step: Tensor, fixed_length: int | None,
                     caps: Tensor, prefix: Tensor | None) -> None:
     """:func:`_constrain` for every row at once, without reading a device value on the host:
     rows (N, V), their limits ``caps`` (N,) and forced prefixes ``prefix`` (N, P) or None
-    (in place). ``step``: the step of every row (an int, or a 0-dim tensor: the sync-free
-    searches), or each row's own (N,) (step-level batching, ``ranmt.inference.continuous``).
-    """
-    on_device = isinstance(step, Tensor)
-    per_row = on_device and step.dim() == 1
-    if on_device and fixed_length is not None:
+    (in place). ``step``: the step of every row (a 0-dim tensor: the sync-free searches), or
+    each row's own (N,) (step-level batching, ``ranmt.inference.continuous``)."""
+    per_row = step.dim() == 1
+    if fixed_length is not None:
         logprobs[:, EOS_ID].masked_fill_(step.lt(fixed_length), float("-inf"))
-    elif not on_device:
-        _suppress_early_eos(logprobs, step, fixed_length)
     if per_row:  # step-level batching (a CPU search): only the rows at their limit, found
         at_limit = caps.le(step).nonzero()[:, 0]  # on the host, are rewritten
         if at_limit.numel():
@@ -510,15 +506,10 @@ def constrain_rows(logprobs: Tensor, step: int | Tensor, fixed_length: int | Non
         logprobs[:, EOS_ID] = eos
     if prefix is None:
         return
-    if on_device:  # PAD where a row's prefix has ended
-        steps = step if per_row else step.expand(logprobs.shape[0])  # (N,)
-        inside = steps.lt(prefix.shape[1])[:, None]
-        wanted = prefix.gather(1, steps.clamp(max=prefix.shape[1] - 1)[:, None])
-        wanted = wanted.masked_fill(~inside, PAD_ID)
-    elif step >= prefix.shape[1]:
-        return
-    else:
-        wanted = prefix[:, step: step + 1]  # (N, 1); PAD where the row's prefix has ended
+    steps = step if per_row else step.expand(logprobs.shape[0])  # (N,)
+    inside = steps.lt(prefix.shape[1])[:, None]  # PAD where a row's prefix has ended
+    wanted = prefix.gather(1, steps.clamp(max=prefix.shape[1] - 1)[:, None])
+    wanted = wanted.masked_fill(~inside, PAD_ID)  # (N, 1)
     forced = wanted.ne(PAD_ID)
     kept = logprobs.gather(1, wanted)  # (N, 1)
     logprobs.masked_fill_(forced, float("-inf"))
@@ -669,18 +660,17 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
 
 
 def store_finished(finished: Finished, ends: Tensor, slots: Tensor, top_scores: Tensor,
-                    top_beams: Tensor, history: Tensor, step: int | Tensor,
-                    penalty: float | Tensor, beam: int) -> None:
+                    top_beams: Tensor, history: Tensor, step: Tensor, penalty: Tensor,
+                    beam: int) -> None:
     """Write the finishing candidates ``ends`` (B, 2k) of every sentence into their slots
     (B, 2k) of ``finished`` (scores divided by ``penalty``, the beam's history (B*beam,
     capacity) up to ``step``) with scatters; the other candidates land in the spare slot.
-    ``step`` and ``penalty`` are per sentence ((B, 1) tensors) under step-level batching."""
+    ``step`` and ``penalty``: tensors, 0-dim or (1,) (every sentence at the same step), or
+    (B, 1) under step-level batching."""
     batch, width = ends.shape
     target = torch.where(ends, slots, beam)  # (B, 2k)
     finished.scores.scatter_(1, target, top_scores / penalty)
-    lengths = step.expand_as(target) if isinstance(step, Tensor) else torch.full_like(target,
-                                                                                      step)
-    finished.lengths.scatter_(1, target, lengths)
+    finished.lengths.scatter_(1, target, step.expand_as(target))
     capacity = history.shape[1]
     hypotheses = history.view(batch, -1, capacity).gather(
         1, top_beams[..., None].expand(-1, -1, capacity))  # (B, 2k, capacity)

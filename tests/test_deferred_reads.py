@@ -18,17 +18,9 @@ from safetensors.torch import load_file
 
 from conftest import logged_losses
 from ranmt.checkpoint import load_training_state
-from ranmt.config import load_config
 from ranmt.runtime.host_syncs import SyncCounter
 from ranmt.training.train import train
-
-
-def _cfg(**extra):
-    values = {"model.preset": "tiny", "train.lr": 0.003, "train.warmup_steps": 20,
-              "train.log_every": 1000, "train.progress": "false", "train.tensorboard": "false",
-              "train.validate_bleu": "false", "data.max_tokens": 300, "train.seed": 5}
-    values.update({k: str(v) for k, v in extra.items()})
-    return load_config(None, values)
+from test_robustness import _cfg  # the tiny reverse-task training config
 
 
 def test_deferred_reads_log_the_losses_of_per_step_reads(reverse_data, tmp_path):

@@ -31,6 +31,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import gc
 import hmac
 import signal
 import time
@@ -40,12 +41,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 
 from ranmt.analysis.maps import attention_maps
 from ranmt.data.batching import pad_sources
 from ranmt.inference.scoring import word_alignment
 from ranmt.inference.translator import InputTooLongError, Translator
-from ranmt.serving.batching import Batcher, QueueFullError, StepBatcher, Work, wait_for_job
+from ranmt.serving.batching import (
+    Batcher,
+    QueueFullError,
+    StepBatcher,
+    Work,
+    fewest_tokens,
+    wait_for_job,
+)
 from ranmt.serving.limits import ServeLimits
 from ranmt.serving.schema import (
     ErrorResponse,
@@ -186,14 +195,15 @@ class _ServedModels:
             all(getattr(b, "engine", None) is None or b.engine.ready
                 for b in self.batchers.values())
 
-    def pick(self, requested: str | None) -> tuple[str, Translator]:
-        """The model asked for; 404 if unknown, 503 at once if its queue is full."""
+    def pick(self, requested: str | None, lines: list[str]) -> tuple[str, Translator]:
+        """The model asked for; 404 if unknown, 503 at once if its queue has no room for
+        ``lines`` (the request's source lines, counted untokenized by a lower bound)."""
         name = requested or self.default
         if name not in self.translators:
             raise RequestError(404, f"unknown model '{name}'; loaded: "
                                     f"{sorted(self.translators)}")
         try:
-            self.batchers[name].refuse_if_full()
+            self.batchers[name].refuse_if_full(fewest_tokens(lines))
         except QueueFullError:
             self.metrics.errors.labels(name, "overload").inc()
             raise
@@ -228,9 +238,11 @@ class _ServedModels:
 
 
 def create_app(translators: dict[str, Translator], limits: ServeLimits | None = None,
-               api_key: str | None = None):
+               api_key: str | None = None, freeze_heap: bool = False):
     """The FastAPI application serving ``translators`` (name -> loaded model); with
-    ``api_key`` every endpoint but ``/health`` requires ``Authorization: Bearer KEY``."""
+    ``api_key`` every endpoint but ``/health`` requires ``Authorization: Bearer KEY``.
+    ``freeze_heap``: once the models are warm, :func:`freeze_startup_heap` (``ranmt serve`` does;
+    a test process that builds many apps had better not)."""
     if not translators:
         raise ValueError("serve needs at least one model")
     served = _ServedModels(translators, limits or ServeLimits())
@@ -238,6 +250,8 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await served.start()
+        if freeze_heap:
+            freeze_startup_heap()
         yield
         served.stop()
 
@@ -265,32 +279,64 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
         headers = {"Retry-After": str(err.retry_after)} if isinstance(err, QueueFullError) else None
         return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
 
-    methods: dict[str, set[str]] = {}  # path -> allowed methods (from the routes)
+    app.add_middleware(_Gate, metrics=metrics, api_key=api_key)
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next):
+
+class _Gate:
+    """Plain ASGI middleware in front of every route: 405 for a wrong method (the explorer
+    mounted at "/" would answer it with 404), 401 without the API key, and per-endpoint
+    request counts and latencies. Starlette's ``@app.middleware("http")`` did the same at
+    about 0.75 ms of event loop a request (a task group and memory streams per call), which
+    a burst of refusals queues behind (SERVING.md, "Run 5")."""
+
+    def __init__(self, app, metrics: ServeMetrics, api_key: str | None):
+        self.app = app
+        self.metrics = metrics
+        self.api_key = api_key
+        self.methods: dict[str, set[str]] = {}  # path -> allowed methods, read once
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        if not methods:  # the routes are all added by the first request: read them once
-            methods.update(_allowed_methods(app))
-        allowed = methods.get(request.url.path)
-        if allowed and request.method not in allowed:
-            # without this the explorer mounted at "/" answers a wrong method with 404
-            response = JSONResponse(
-                {"error": f"{request.method} is not allowed on {request.url.path}; use "
+        if not self.methods:  # the routes are all added by the first request
+            self.methods.update(_allowed_methods(scope["app"]))
+        status = 500  # what an exception escaping the app becomes
+
+        async def send_and_note(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        path = scope["path"]
+        try:
+            refusal = self._refusal(scope)
+            if refusal is None:
+                await self.app(scope, receive, send_and_note)
+            else:
+                await refusal(scope, receive, send_and_note)
+        finally:
+            endpoint = path if path in _ENDPOINTS else "static"
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+
+    def _refusal(self, scope) -> JSONResponse | None:
+        """The 405 or 401 response a request gets before any route sees it, else None."""
+        path, method = scope["path"], scope["method"]
+        allowed = self.methods.get(path)
+        if allowed and method not in allowed:
+            return JSONResponse(
+                {"error": f"{method} is not allowed on {path}; use "
                           f"{' or '.join(sorted(allowed))}"},
                 status_code=405, headers={"Allow": ", ".join(sorted(allowed))})
-        elif api_key is not None and request.url.path != "/health" and \
-                not _authorized(request.headers.get("authorization"), api_key):
-            response = JSONResponse({"error": "missing or wrong API key: send "
-                                              "'Authorization: Bearer KEY'"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-        else:
-            response = await call_next(request)
-        path = request.url.path
-        endpoint = path if path in _ENDPOINTS else "static"
-        metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-        return response
+        if self.api_key is not None and path != "/health" and \
+                not _authorized(Headers(scope=scope).get("authorization"), self.api_key):
+            return JSONResponse({"error": "missing or wrong API key: send "
+                                          "'Authorization: Bearer KEY'"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        return None
 
 
 def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
@@ -376,7 +422,7 @@ def _add_work_endpoints(app: FastAPI, served: _ServedModels) -> None:
         **_REFUSALS})
     async def translate(request: Request):
         parsed = await _read_body(request, limits, translate_model(limits))
-        name, translator = served.pick(parsed.model)
+        name, translator = served.pick(parsed.model, parsed.text)
         ids = _source_ids(translator, parsed.text)
         prefixes = None
         if parsed.prefix is not None:
@@ -400,7 +446,7 @@ def _add_work_endpoints(app: FastAPI, served: _ServedModels) -> None:
     async def score(request: Request):
         """The model's log-probabilities of given translations (teacher-forced)."""
         parsed = await _read_body(request, limits, score_model(limits))
-        name, translator = served.pick(parsed.model)
+        name, translator = served.pick(parsed.model, parsed.source)
         ids = _source_ids(translator, parsed.source)
         targets = _target_ids(translator, parsed.target, "target")
         results = await served.run_job(request, name, ids, Work("score"), targets,
@@ -551,6 +597,17 @@ def warm_up(translator: Translator) -> None:
            max_len_a=0.0, max_len_b=3)
 
 
+def freeze_startup_heap() -> None:
+    """Collect garbage once, then move every object alive (the models, their vocabularies,
+    the libraries) to the collector's permanent generation. A served process allocates
+    quickly under a burst, and each full collection then traversed all of them: one took
+    ~95 ms of the event loop in the middle of a 60-request burst (AMD EPYC Zen 4, RAN-D
+    ``small``), half the time the burst's refusals waited (SERVING.md, "Run 5"). Objects
+    made later are collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 def _pieces(vocab, ids: list[int]) -> list[str]:
     return [vocab.processor.id_to_piece(i) for i in ids]
 
@@ -581,7 +638,7 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
     translators = {name: Translator.load(path, device=device, quantize=quantize,
                                          precision=precision)
                    for name, path in model_names(checkpoints).items()}
-    app = create_app(translators, limits, api_key)
+    app = create_app(translators, limits, api_key, freeze_heap=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=30, http=limits.http,
                                            loop=limits.loop))

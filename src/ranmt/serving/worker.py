@@ -290,12 +290,13 @@ def _context():
 def _worker_main(connection, load: dict) -> None:
     """The worker process: load the model, then take lines and step while it holds any."""
     from ranmt.inference.translator import Translator
-    from ranmt.serving.app import warm_up
+    from ranmt.serving.app import freeze_startup_heap, warm_up
 
     with contextlib.suppress(OSError):
         os.nice(5)
     translator = Translator.load(**load)
     warm_up(translator)
+    freeze_startup_heap()  # no full collection stalls a decoding step on the model's objects
     lines = LineDecoding(translator)
     connection.send(("ready",))
     steps = 0  # since the last report

@@ -278,6 +278,13 @@ def test_server_limits_are_declared_once(capsys):
             wrong = low if spec.name != "batch_window_ms" else -1
         with pytest.raises(ValueError, match=spec.metadata["flag"]):
             ServeLimits(**{spec.name: wrong})
+        if spec.metadata.get("high") is not None:
+            with pytest.raises(ValueError, match="at most"):
+                ServeLimits(**{spec.name: spec.metadata["high"] + 1})
+            ServeLimits(**{spec.name: spec.metadata["high"]})
+    assert ServeLimits().worker_nice == 19
+    args = build_parser().parse_args(["serve", "--checkpoint", "x", "--worker-nice", "5"])
+    assert ServeLimits.from_args(args).worker_nice == 5
     args = build_parser().parse_args(["serve", "--checkpoint", "x", "--batching", "batch"])
     assert ServeLimits.from_args(args) == ServeLimits(batching="batch")
     with pytest.raises(SystemExit):

@@ -127,12 +127,14 @@ def test_a_killed_decoding_worker_is_restarted_and_its_requests_get_500(translat
     import signal
 
     limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
-                         max_batch_lines=1, max_queued_tokens=4)
+                         max_batch_lines=1, max_queued_tokens=4, worker_nice=7)
     expected = translators["transf"].translate(["d e f"])[0]
     with TestClient(create_app(translators, limits)) as client, \
             concurrent.futures.ThreadPoolExecutor(2) as pool:
         engine = client.app.state.served.batchers["transf"].engine
         first_pid = engine.process.pid
+        assert os.getpriority(os.PRIO_PROCESS, first_pid) == min(
+            19, os.getpriority(os.PRIO_PROCESS, 0) + 7)  # --worker-nice
         os.kill(first_pid, signal.SIGSTOP)
         held = pool.submit(client.post, "/translate", json={"text": ["a b c"]})
         _until(lambda: engine.held)  # its line was sent to the frozen worker

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field, fields
 
 
 def _limit(default, flag: str, help: str | None = None, low: float = 1, above: bool = False,
-           metavar=None):
+           metavar=None, high: float | None = None):
     """A field of :class:`ServeLimits`: its default, its ``ranmt serve`` flag and help, and
-    its lower bound ``low`` (the value must be at least ``low``, or above it with ``above``)."""
+    its bounds: at least ``low`` (above it with ``above``), at most ``high`` if given."""
     return field(default=default, metadata={"flag": flag, "help": help, "low": low,
-                                            "above": above, "metavar": metavar})
+                                            "above": above, "metavar": metavar, "high": high})
 
 
 def _choice(default: str, flag: str, choices: tuple[str, ...], help: str):
@@ -79,6 +79,16 @@ class ServeLimits:
     process per model that loads its own copy of the model, or ``thread``, the server's
     decoding thread. Scoring, alignments and attention maps run in the server's process."""
 
+    worker_nice: int = _limit(
+        19, "--worker-nice", "scheduling niceness of the decoding worker processes, 0-19: "
+        "the higher, the more the HTTP side comes first on a busy machine (default 19)",
+        low=0, high=19)
+    """``nice`` of each decoding worker process (``--workers process``). Under a burst the
+    HTTP side must read, admit or refuse every request while the worker decodes the first
+    ones; at 19 the kernel gives the worker the CPU only where the HTTP side leaves it, and
+    on 2 cores the burst's refusals came in 63-85 ms p50 against 74-129 ms at 5, the value
+    before (SERVING.md, "Run 5")."""
+
     http: str = _choice(
         "auto", "--http", ("auto", "httptools", "h11"),
         "HTTP parser: httptools (C; installed with ranmt), h11 (pure "
@@ -102,8 +112,11 @@ class ServeLimits:
                 continue
             value, low, above = (getattr(self, spec.name), spec.metadata["low"],
                                  spec.metadata["above"])
-            if value <= low if above else value < low:
+            high = spec.metadata["high"]
+            if (value <= low if above else value < low) or (high is not None and value > high):
                 bound = f"above {low}" if above else f"at least {low}"
+                if high is not None:
+                    bound += f" and at most {high}"
                 raise ValueError(f"{spec.metadata['flag']} ({spec.name}) must be {bound}, "
                                  f"not {value}")
 

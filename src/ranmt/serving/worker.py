@@ -14,11 +14,12 @@ default) or in a thread of the server's process.
   long as it holds lines. Lines go to it and finished lines come back over a pipe, which
   the event loop watches: the server's process only parses, tokenizes, queues and answers,
   so ``/health``, ``/ready``, ``/metrics`` and refusals never wait for a decoding step,
-  and the worker runs at a lower scheduling priority (``nice`` +5) so that on a busy
-  machine the HTTP side gets the CPU when it needs it. A worker that exits (killed, out of
-  memory) is started again; the lines it held are answered 500. A first worker that
-  exits before it is ready fails the server's start; after three restarts in a row that
-  never got ready no more are started (``/ready`` stays 503, waiting requests get 504).
+  and the worker runs at a lower scheduling priority (``nice`` 19 by default,
+  ``--worker-nice``) so that on a busy machine the HTTP side gets the CPU when it needs
+  it. A worker that exits (killed, out of memory) is started again; the lines it held are
+  answered 500. A first worker that exits before it is ready fails the server's start;
+  after three restarts in a row that never got ready no more are started (``/ready``
+  stays 503, waiting requests get 504).
 
 Both tell the queue (:class:`ranmt.serving.batching.StepBatcher`) what finished through
 ``on_done(key, hypotheses)`` and ``on_failed(keys, error)`` (``key``: the queue's number for
@@ -153,8 +154,9 @@ class ProcessDecoding:
     the served model (:attr:`ranmt.inference.translator.Translator.load_options`)."""
 
     def __init__(self, load: dict, name: str, on_done: OnDone, on_failed: OnFailed,
-                 on_steps: OnSteps):
+                 on_steps: OnSteps, nice: int = 19):
         self.load = load
+        self.nice = nice  # the worker's scheduling niceness (ServeLimits.worker_nice)
         self.name = name
         self.on_done, self.on_failed, self.on_steps = on_done, on_failed, on_steps
         self.process = None
@@ -179,7 +181,7 @@ class ProcessDecoding:
     def _spawn(self) -> None:
         context = _context()
         parent, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, self.load),
+        self.process = context.Process(target=_worker_main, args=(child, self.load, self.nice),
                                        name=f"ranmt-decode-{self.name}", daemon=True)
         self.process.start()
         child.close()
@@ -287,13 +289,13 @@ def _context():
     return context
 
 
-def _worker_main(connection, load: dict) -> None:
+def _worker_main(connection, load: dict, nice: int = 19) -> None:
     """The worker process: load the model, then take lines and step while it holds any."""
     from ranmt.inference.translator import Translator
     from ranmt.serving.app import freeze_startup_heap, warm_up
 
     with contextlib.suppress(OSError):
-        os.nice(5)
+        os.nice(nice)
     translator = Translator.load(**load)
     warm_up(translator)
     freeze_startup_heap()  # no full collection stalls a decoding step on the model's objects

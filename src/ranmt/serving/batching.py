@@ -327,8 +327,10 @@ class StepBatcher(Batcher):
     decoding (a line alone is always admitted), each free row to the job with the fewest
     lines decoding now (the first in turn among equals): a request that arrives behind a
     burst starts at the next step, and no job waits while one with more lines decoding is
-    served. Every line is answered the step it finishes. Scoring stays batch-level: a score
-    batch runs in the server's decoding thread.
+    served. Every line is answered the step it finishes. A request of at most
+    ``limits.express_rows`` rows decodes in an express lane of its own, whose steps come
+    first (:meth:`ranmt.serving.worker.LineDecoding.step`), with its own ``max_batch_lines``.
+    Scoring stays batch-level: a score batch runs in the server's decoding thread.
 
     Decoding runs in a worker process of the model (``limits.workers == "process"``, when
     the translator was loaded from a checkpoint) or in the decoding thread
@@ -351,6 +353,8 @@ class StepBatcher(Batcher):
         self.steps = 0
         self.inside: dict[int, tuple[Job, int, int]] = {}
         """The lines decoding: key -> (job, line, source tokens)."""
+        self.express_keys: set[int] = set()
+        """Those of :attr:`inside` decoding in the express lane (``limits.express_rows``)."""
         self._keys = itertools.count()
         self.decoding_tokens = 0
         self._rate_start = time.perf_counter()
@@ -389,23 +393,44 @@ class StepBatcher(Batcher):
         room (see the class docstring)."""
         turn = self._in_turn("translate")
         decoding = collections.Counter(id(job) for job, _, _ in self.inside.values())
-        limits = self.limits
-        while True:
-            waiting = [job for job in turn if job.taken < len(job.ids)]
-            if not waiting:
-                break
-            job = min(waiting, key=lambda candidate: decoding[id(candidate)])
-            line = job.order[job.taken]
-            size = len(job.ids[line]) + 1
-            if self.inside and (len(self.inside) >= limits.max_batch_lines or
-                                self.decoding_tokens + size > limits.max_batch_tokens):
-                break
-            self._take(job, size)
-            self._place(job, line, size)
-            decoding[id(job)] += 1
+        for express in (True, False):
+            lane = [job for job in turn if self._express(job) == express]
+            while True:
+                waiting = [job for job in lane if job.taken < len(job.ids)]
+                if not waiting:
+                    break
+                job = min(waiting, key=lambda candidate: decoding[id(candidate)])
+                line = job.order[job.taken]
+                size = len(job.ids[line]) + 1
+                if not self._room(express, size):
+                    break
+                self._take(job, size)
+                self._place(job, line, size, express)
+                decoding[id(job)] += 1
         self._took(turn)
 
-    def _place(self, job: Job, line: int, size: int) -> None:
+    def _express(self, job: Job) -> bool:
+        """Whether ``job`` decodes in the express lane: at most ``limits.express_rows``
+        rows (lines x beam, or x the nbest draws when sampling)."""
+        options = dict(job.work.options)
+        if options.get("sampling", "none") != "none":
+            per_line = options.get("nbest") or self.translator.decode_config.nbest
+        else:
+            per_line = options.get("beam") or self.translator.decode_config.beam
+        return len(job.ids) * per_line <= self.limits.express_rows
+
+    def _room(self, express: bool, size: int) -> bool:
+        """Whether a line of ``size`` source tokens fits its lane now: up to
+        ``max_batch_lines`` lines each, and ``max_batch_tokens`` in the main lane (a line
+        alone in its lane always fits)."""
+        lines = len(self.express_keys) if express else len(self.inside) - len(self.express_keys)
+        if not lines:
+            return True
+        if lines >= self.limits.max_batch_lines:
+            return False
+        return express or self.decoding_tokens + size <= self.limits.max_batch_tokens
+
+    def _place(self, job: Job, line: int, size: int, express: bool = False) -> None:
         ids = job.ids[line]
         if not ids:  # an empty line has an empty translation; the model is not run
             self._answer(job, line, [([], 0.0)])
@@ -413,8 +438,10 @@ class StepBatcher(Batcher):
         key = next(self._keys)
         self.inside[key] = (job, line, size)
         self.decoding_tokens += size
+        if express:
+            self.express_keys.add(key)
         prefix = job.extras[line] if job.extras is not None else None
-        self.engine.add(key, job.work.options, ids, prefix, line)
+        self.engine.add(key, job.work.options, ids, prefix, line, express)
 
     # ------------------------------------------------------------------ results
     def _stepped(self, steps: int, sentences: int) -> None:
@@ -424,6 +451,7 @@ class StepBatcher(Batcher):
 
     def _line_done(self, key: int, hyps: list) -> None:
         job, line, size = self.inside.pop(key)
+        self.express_keys.discard(key)
         self.decoding_tokens -= size
         self._rate(size)
         if self.metrics is not None:
@@ -446,6 +474,7 @@ class StepBatcher(Batcher):
         lines = []
         for key in keys:
             job, line, size = self.inside.pop(key)
+            self.express_keys.discard(key)
             self.decoding_tokens -= size
             lines.append((job, line))
         self._fail(lines, err)

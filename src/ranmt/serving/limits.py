@@ -79,6 +79,17 @@ class ServeLimits:
     process per model that loads its own copy of the model, or ``thread``, the server's
     decoding thread. Scoring, alignments and attention maps run in the server's process."""
 
+    express_rows: int = _limit(
+        16, "--express-rows", "step batching: a translation request of at most this many "
+        "rows (lines x beam, or x nbest draws when sampling) decodes in an express lane "
+        "stepped ahead of the main batch; 0: no express lane (default 16, one line at "
+        "beam 16)", low=0)
+    """Step-level batching's express lane (:meth:`ranmt.serving.worker.LineDecoding.step`):
+    small requests decode apart from the main batch, in steps of their own that come
+    first, so that on a CPU (a step's cost grows with its rows) a one-line request behind
+    a burst takes short steps, not the burst's. It holds up to ``max_batch_lines`` lines of
+    its own; while both lanes decode, the main batch gets about a third of the time."""
+
     worker_nice: int = _limit(
         19, "--worker-nice", "scheduling niceness of the decoding worker processes, 0-19: "
         "the higher, the more the HTTP side comes first on a busy machine (default 19)",

@@ -60,7 +60,8 @@ from ranmt.inference.translator import Translator
 from ranmt.serving.launcher import launch_server
 
 MODES = {"dynamic": [], "batch-level": ["--batching", "batch"],
-         "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1"]}
+         "one-at-a-time": ["--batch-window-ms", "0", "--max-batch-tokens", "1",
+                           "--express-rows", "0"]}
 
 
 def _post(url: str, payload: dict, timeout: float = 120) -> dict:

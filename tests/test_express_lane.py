@@ -171,18 +171,24 @@ async def _false() -> bool:
 
 
 def test_room_in_each_lane(reverse_run):
-    """Lines and source tokens per lane: up to ``max_batch_lines`` lines each, the token cap
-    in the main lane only, a line alone in its lane always admitted."""
+    """Lines and source tokens per lane: up to ``max_batch_lines`` lines and
+    ``max_batch_tokens`` tokens each, a line alone in its lane always admitted."""
     batcher = _batcher(Translator.load(reverse_run, device="cpu"), max_batch_lines=2,
                        max_batch_tokens=10)
     assert batcher._room(False, 100) and batcher._room(True, 100)  # empty lanes
-    batcher.inside[0], batcher.decoding_tokens = (None, 0, 6), 6
+    batcher._place(Job([[5] * 5], GREEDY, None, None, 0.0), 0, 6)  # main: 1 line, 6 tokens
     assert batcher._room(False, 4) and not batcher._room(False, 5)
     assert batcher._room(True, 100)  # the express lane is still empty
-    batcher.inside[1], batcher.decoding_tokens = (None, 0, 3), 9
-    batcher.express_keys.add(1)
-    assert batcher._room(True, 50)  # 1 of 2 lines; no token cap there
-    assert batcher._room(False, 1) and not batcher._room(False, 2)  # 9 + 1 <= 10
-    batcher.inside[2] = (None, 0, 1)
-    batcher.express_keys.add(2)
+    batcher._place(Job([[5] * 6], GREEDY, None, None, 0.0), 0, 7, express=True)
+    assert batcher.express_tokens == 7 and batcher.decoding_tokens == 13
+    assert batcher._room(True, 3) and not batcher._room(True, 4)  # 7 + 3 <= 10
+    assert batcher._room(False, 4)  # the main lane counts its own tokens only
+    key = next(iter(batcher.express_keys))
+    batcher._place(Job([[5]], GREEDY, None, None, 0.0), 0, 2, express=True)
     assert not batcher._room(True, 1)  # 2 of 2 lines
+    batcher._leave_lane(key, 7)
+    assert batcher.express_tokens == 2 and batcher._room(True, 8) and \
+        not batcher._room(True, 9)
+
+
+GREEDY = Work.translate(beam=1, nbest=1)

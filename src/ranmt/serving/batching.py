@@ -329,7 +329,8 @@ class StepBatcher(Batcher):
     burst starts at the next step, and no job waits while one with more lines decoding is
     served. Every line is answered the step it finishes. A request of at most
     ``limits.express_rows`` rows decodes in an express lane of its own, whose steps come
-    first (:meth:`ranmt.serving.worker.LineDecoding.step`), with its own ``max_batch_lines``.
+    first (:meth:`ranmt.serving.worker.LineDecoding.step`), with its own ``max_batch_lines``
+    and ``max_batch_tokens``.
     Scoring stays batch-level: a score batch runs in the server's decoding thread.
 
     Decoding runs in a worker process of the model (``limits.workers == "process"``, when
@@ -355,6 +356,7 @@ class StepBatcher(Batcher):
         """The lines decoding: key -> (job, line, source tokens)."""
         self.express_keys: set[int] = set()
         """Those of :attr:`inside` decoding in the express lane (``limits.express_rows``)."""
+        self.express_tokens = 0  # their source tokens (part of decoding_tokens)
         self._keys = itertools.count()
         self.decoding_tokens = 0
         self._rate_start = time.perf_counter()
@@ -421,14 +423,15 @@ class StepBatcher(Batcher):
 
     def _room(self, express: bool, size: int) -> bool:
         """Whether a line of ``size`` source tokens fits its lane now: up to
-        ``max_batch_lines`` lines each, and ``max_batch_tokens`` in the main lane (a line
-        alone in its lane always fits)."""
-        lines = len(self.express_keys) if express else len(self.inside) - len(self.express_keys)
+        ``max_batch_lines`` lines and ``max_batch_tokens`` source tokens in each lane (a
+        line alone in its lane always fits)."""
+        lines, tokens = len(self.express_keys), self.express_tokens
+        if not express:
+            lines, tokens = len(self.inside) - lines, self.decoding_tokens - tokens
         if not lines:
             return True
-        if lines >= self.limits.max_batch_lines:
-            return False
-        return express or self.decoding_tokens + size <= self.limits.max_batch_tokens
+        return lines < self.limits.max_batch_lines and \
+            tokens + size <= self.limits.max_batch_tokens
 
     def _place(self, job: Job, line: int, size: int, express: bool = False) -> None:
         ids = job.ids[line]
@@ -440,6 +443,7 @@ class StepBatcher(Batcher):
         self.decoding_tokens += size
         if express:
             self.express_keys.add(key)
+            self.express_tokens += size
         prefix = job.extras[line] if job.extras is not None else None
         self.engine.add(key, job.work.options, ids, prefix, line, express)
 
@@ -451,12 +455,17 @@ class StepBatcher(Batcher):
 
     def _line_done(self, key: int, hyps: list) -> None:
         job, line, size = self.inside.pop(key)
-        self.express_keys.discard(key)
+        self._leave_lane(key, size)
         self.decoding_tokens -= size
         self._rate(size)
         if self.metrics is not None:
             self.metrics.decoded_tokens.labels(self.name).inc(len(hyps[0][0]) + 1)
         self._answer(job, line, hyps)
+
+    def _leave_lane(self, key: int, size: int) -> None:
+        if key in self.express_keys:
+            self.express_keys.discard(key)
+            self.express_tokens -= size
 
     def _rate(self, tokens: int) -> None:
         """Source tokens decoded per second (for Retry-After), over spans of >= 1 s."""
@@ -474,7 +483,7 @@ class StepBatcher(Batcher):
         lines = []
         for key in keys:
             job, line, size = self.inside.pop(key)
-            self.express_keys.discard(key)
+            self._leave_lane(key, size)
             self.decoding_tokens -= size
             lines.append((job, line))
         self._fail(lines, err)

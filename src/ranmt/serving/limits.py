@@ -87,8 +87,9 @@ class ServeLimits:
     """Step-level batching's express lane (:meth:`ranmt.serving.worker.LineDecoding.step`):
     small requests decode apart from the main batch, in steps of their own that come
     first, so that on a CPU (a step's cost grows with its rows) a one-line request behind
-    a burst takes short steps, not the burst's. It holds up to ``max_batch_lines`` lines of
-    its own; while both lanes decode, the main batch gets about a third of the time."""
+    a burst takes short steps, not the burst's. It holds up to ``max_batch_lines`` lines and
+    ``max_batch_tokens`` source tokens of its own; while both lanes decode, the main batch
+    gets about a third of the time."""
 
     worker_nice: int = _limit(
         19, "--worker-nice", "scheduling niceness of the decoding worker processes, 0-19: "

@@ -135,18 +135,16 @@ def test_each_lane_has_its_own_room_and_the_translations_are_the_python_apis(rev
         batcher.engine.add = recording
         worker = asyncio.create_task(batcher.run())
         long_job = batcher.submit(long_ids, work, 60)
-        while not batcher.inside:
-            await asyncio.sleep(0.001)
+        await _until(lambda: batcher.inside)
         short_job = batcher.submit(short_ids, work, 60)
         await asyncio.sleep(0)
         batcher._arrival.set()
-        while short_job.taken == 0 and not long_job.future.done():
-            await asyncio.sleep(0.001)
+        await _until(lambda: short_job.taken or long_job.future.done())
         admitted_beside = long_job.taken == 1 and short_job.taken == 1 and \
             len(batcher.inside) == 2
-        short = await wait_for_job(batcher, short_job, lambda: _false())
+        short = await asyncio.wait_for(wait_for_job(batcher, short_job, _false), 30)
         short_first = not long_job.future.done()
-        long = await wait_for_job(batcher, long_job, lambda: _false())
+        long = await asyncio.wait_for(wait_for_job(batcher, long_job, _false), 30)
         worker.cancel()
         return added, admitted_beside, short_first, long + short
 
@@ -168,6 +166,15 @@ def _same(got, expected):
 
 async def _false() -> bool:
     return False
+
+
+async def _until(condition, seconds: float = 30.0) -> None:
+    """Wait until ``condition()`` holds; fail after ``seconds`` (a mutant that admits
+    nothing fails here instead of hanging until mutmut's timeout)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.001)
 
 
 def test_room_in_each_lane(reverse_run):

@@ -78,6 +78,17 @@ def logged_losses(run: Path) -> list[float]:
             if line.startswith("step ")]
 
 
+def assert_same_hypotheses(got: list, expected: list, tolerance: float = 1e-5) -> None:
+    """Per input the same n-best token lists, and scores within ``tolerance``: searches that
+    batch rows differently (fast and reference, step-level and alone, CUDA and CPU) agree in
+    their hypotheses, not in every bit of their scores."""
+    assert [[tokens for tokens, _ in hyps] for hyps in got] == \
+        [[tokens for tokens, _ in hyps] for hyps in expected]
+    for got_hyps, wanted in zip(got, expected):
+        assert [score for _, score in got_hyps] == \
+            pytest.approx([score for _, score in wanted], abs=tolerance)
+
+
 def assert_same_translations(first: dict, second: dict, rel: float = 1e-5) -> None:
     """Two /translate answers hold the same texts (every n-best entry) and the same scores
     within float noise: a step-level server pads a line differently depending on when it

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import assert_same_hypotheses, tiny_model
 from ranmt.data.batching import pad_sources
 from ranmt.inference.continuous import ContinuousDecoder, merge_caches
 from ranmt.inference.decode import search
 from ranmt.inference.sampling import Sampler, sample
 from ranmt.model import EOS_ID
-from test_fast_decode import DECODERS, _model, _same
+from test_fast_decode import DECODERS, _model
 
 
 def _lines(count: int, seed: int, min_len: int = 2, max_len: int = 12) -> list[list[int]]:
@@ -59,7 +59,7 @@ def test_joining_lines_get_their_decoding_alone(self_attention, cross):
         results = _staggered(decoder, waves, gap)
         assert sorted(results) == list(range(len(flat)))
         for number, ids in enumerate(flat):
-            _same([results[number]], [_alone(model, ids, **args)], tolerance=1e-4)
+            assert_same_hypotheses([results[number]], [_alone(model, ids, **args)], tolerance=1e-4)
         assert decoder.idle() and decoder.cache is None
 
 
@@ -79,7 +79,7 @@ def test_joining_with_early_eos_prefixes_and_fairseq_penalty(arch):
         lengths = set()
         for number, ids in enumerate(ids for wave in waves for ids in wave):
             alone = _alone(model, ids, prefixes.get(number), **args)
-            _same([results[number]], [alone], tolerance=1e-4)
+            assert_same_hypotheses([results[number]], [alone], tolerance=1e-4)
             lengths |= {len(tokens) for tokens, _ in alone}
         assert len(lengths) > 2
         assert results[1][0][0][:3] == [5, 6, 7] and results[5][0][0][:2] == [11, 12]
@@ -94,7 +94,8 @@ def test_ensemble_lines_join_and_leave():
         args = dict(beam=beam, nbest=beam, max_len_b=4)
         results = _staggered(ContinuousDecoder(ensemble, **args), waves, 3)
         for number, ids in enumerate(ids for wave in waves for ids in wave):
-            _same([results[number]], [_alone(ensemble, ids, **args)], tolerance=1e-4)
+            assert_same_hypotheses([results[number]], [_alone(ensemble, ids, **args)],
+                                   tolerance=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
@@ -108,7 +109,7 @@ def test_bf16_copies_join_and_leave(arch):
     args = dict(beam=3, nbest=2, max_len_b=4)
     results = _staggered(ContinuousDecoder(model, **args), waves, 2)
     for number, ids in enumerate(ids for wave in waves for ids in wave):
-        _same([results[number]], [_alone(model, ids, **args)], tolerance=0.05)
+        assert_same_hypotheses([results[number]], [_alone(model, ids, **args)], tolerance=0.05)
 
 
 def test_int8_copy_decodes_a_line_as_alone(reverse_run):
@@ -125,8 +126,8 @@ def test_int8_copy_decodes_a_line_as_alone(reverse_run):
         ids = translator.encode_sources([text])[0]
         decoder, _ = translator.continuous_decoder(beam=4, nbest=2)
         decoder.add(0, ids)
-        _same([decoder.run()[0][1]], translator.translate_ids([ids], beam=4, nbest=2),
-              tolerance=1e-4)
+        assert_same_hypotheses([decoder.run()[0][1]],
+                               translator.translate_ids([ids], beam=4, nbest=2), tolerance=1e-4)
     decoder, _ = translator.continuous_decoder(beam=4)
     results = _staggered(decoder, [translator.encode_sources(["abcde", "hgf"]),
                                    translator.encode_sources(["gfedcbah", "ab"])], 2)
@@ -146,7 +147,7 @@ def test_sampling_draws_per_request_whatever_the_company():
     alone = dict(decoder.run())
     expected = sample(model, pad_sources(lines), sampler, samples=2, seed=11, max_len_b=4)
     for number in range(len(lines)):
-        _same([[alone[number, 0][0], alone[number, 1][0]]], [expected[number]])
+        assert_same_hypotheses([[alone[number, 0][0], alone[number, 1][0]]], [expected[number]])
     # In company: other requests join before and after; the first request's draws stay.
     decoder = ContinuousDecoder(model, beam=1, max_len_b=4, pick=sampler.pick)
     decoder.add("other", _lines(1, 8)[0], generator=torch.Generator().manual_seed(1))
@@ -158,7 +159,7 @@ def test_sampling_draws_per_request_whatever_the_company():
     decoder.add("late", _lines(1, 9)[0], generator=torch.Generator().manual_seed(2))
     company = dict(decoder.run())
     for key, hyps in alone.items():
-        _same([company[key]], [hyps])
+        assert_same_hypotheses([company[key]], [hyps])
 
 
 def test_queue_checks_and_cache_merge_errors():

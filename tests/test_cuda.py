@@ -22,7 +22,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import graphs_compiled, logged_losses, random_batch, tiny_model
+from conftest import (
+    assert_same_hypotheses,
+    graphs_compiled,
+    logged_losses,
+    random_batch,
+    tiny_model,
+)
 from ranmt.config import load_config
 from ranmt.inference.decode import search
 from ranmt.inference.translator import Translator
@@ -82,14 +88,6 @@ def test_incremental_equals_full_forward_on_cuda(arch):
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 
-def _same(fast, reference, tolerance=1e-4):
-    assert [[tokens for tokens, _ in hyps] for hyps in fast] == \
-        [[tokens for tokens, _ in hyps] for hyps in reference]
-    for fast_hyps, ref_hyps in zip(fast, reference):
-        for (_, fast_score), (_, ref_score) in zip(fast_hyps, ref_hyps):
-            assert fast_score == pytest.approx(ref_score, abs=tolerance)
-
-
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa", "syn-r"])
 def test_fast_search_equals_reference_on_cuda(arch):
     model, _ = tiny_model(seed=1, **{"model.arch": arch})
@@ -101,7 +99,7 @@ def test_fast_search_equals_reference_on_cuda(arch):
             fast = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam)
             reference = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam,
                                reference=True)
-            _same(fast, reference)
+            assert_same_hypotheses(fast, reference, 1e-4)
         greedy = search(model, src, 1, 0.6, "gnmt", 1.2, 6)
         on_cpu = search(model.cpu(), src.cpu(), 1, 0.6, "gnmt", 1.2, 6)
     assert [hyps[0][0] for hyps in greedy] == [hyps[0][0] for hyps in on_cpu]
@@ -117,15 +115,14 @@ def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
     model = model.cuda()
     src = random_batch(batch=6, src_len=9, seed=2)[0].cuda()
     for beam in (1, 4):
-        _same(search(model, src, beam, nbest=beam),
-              search(model, src, beam, nbest=beam, sync_free=False))
+        assert_same_hypotheses(search(model, src, beam, nbest=beam),
+                               search(model, src, beam, nbest=beam, sync_free=False), 1e-4)
         counts = []
         for length in (16, 48):
             with SyncCounter() as counter:
                 search(model, src, beam, fixed_length=length, check_every=64)
             counts.append(counter.total)
         assert counts[0] == counts[1], counts  # no sync inside the 32 extra steps
-
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa", "syn-r"])
@@ -148,8 +145,10 @@ def test_cuda_graph_decoding_equals_eager(arch, monkeypatch):
     src = random_batch(batch=6, src_len=9, seed=4)[0].cuda()
     for beam in (1, 4):
         for fixed in (None, 20):
-            _same(search(model, src, beam, nbest=beam, fixed_length=fixed, graphs=True),
-                  search(model, src, beam, nbest=beam, fixed_length=fixed, sync_free=True))
+            assert_same_hypotheses(
+                search(model, src, beam, nbest=beam, fixed_length=fixed, graphs=True),
+                search(model, src, beam, nbest=beam, fixed_length=fixed, sync_free=True),
+                1e-4)
     assert made and all(decoder.recorded for decoder in made)
 
 
@@ -170,7 +169,6 @@ def test_resume_on_cuda_restores_the_cuda_generator(reverse_data, tmp_path):
     straight, split = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "split")
     assert len(straight) == len(split) == 12
     assert split[6:] == pytest.approx(straight[6:], rel=1e-4)
-
 
 
 def test_deferred_host_reads_on_cuda(reverse_data, tmp_path):

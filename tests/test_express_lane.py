@@ -10,6 +10,8 @@ import concurrent.futures
 
 import pytest
 
+from conftest import assert_same_hypotheses
+
 pytest.importorskip("fastapi")
 
 from ranmt.inference.translator import Translator  # noqa: E402
@@ -150,18 +152,10 @@ def test_each_lane_has_its_own_room_and_the_translations_are_the_python_apis(rev
 
     added, beside, first, got = asyncio.run(scenario(express_rows=4))
     assert added == [False, True, False] and beside and first
-    _same(got, expected)
+    assert_same_hypotheses(got, expected, 1e-4)
     added, beside, first, got = asyncio.run(scenario(express_rows=0))
     assert added == [False, False, False] and not beside  # it waited for the main lane
-    _same(got, expected)
-
-
-def _same(got, expected):
-    """The same hypotheses, scores within float noise."""
-    assert [[tokens for tokens, _ in hyps] for hyps in got] == \
-        [[tokens for tokens, _ in hyps] for hyps in expected]
-    for hyps, wanted in zip(got, expected):
-        assert [score for _, score in hyps] == pytest.approx([s for _, s in wanted], abs=1e-4)
+    assert_same_hypotheses(got, expected, 1e-4)
 
 
 async def _false() -> bool:
@@ -193,9 +187,9 @@ def test_room_in_each_lane(reverse_run):
     key = next(iter(batcher.express_keys))
     batcher._place(Job([[5]], GREEDY, None, None, 0.0), 0, 2, express=True)
     assert not batcher._room(True, 1)  # 2 of 2 lines
-    batcher._leave_lane(key, 7)
-    assert batcher.express_tokens == 2 and batcher._room(True, 8) and \
-        not batcher._room(True, 9)
+    assert batcher._leave(key)[2] == 7
+    assert batcher.express_tokens == 2 and batcher.decoding_tokens == 8
+    assert batcher._room(True, 8) and not batcher._room(True, 9)
 
 
 GREEDY = Work.translate(beam=1, nbest=1)

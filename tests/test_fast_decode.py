@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_batch, tiny_model
+from conftest import assert_same_hypotheses, random_batch, tiny_model
 from ranmt.attention import REGISTRY, reorder_cache
 from ranmt.attention.base import cache_append
 from ranmt.attention.cache import AttentionCache
@@ -36,20 +36,13 @@ def _model(self_attention: str, cross: str, seed: int):
                                     "model.decoder.cross_attention": cross})[0]
 
 
-def _same(fast, reference, tolerance=1e-5):
-    assert len(fast) == len(reference)
-    for fast_hyps, ref_hyps in zip(fast, reference):
-        assert [tokens for tokens, _ in fast_hyps] == [tokens for tokens, _ in ref_hyps]
-        for (_, fast_score), (_, ref_score) in zip(fast_hyps, ref_hyps):
-            assert fast_score == pytest.approx(ref_score, abs=tolerance)
-
-
 @pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
 def test_fast_greedy_equals_reference(self_attention, cross):
     for seed in (0, 1):
         model = _model(self_attention, cross, seed)
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
-        _same(greedy_search(model, src, 1.5, 4), greedy_search_reference(model, src, 1.5, 4))
+        assert_same_hypotheses(greedy_search(model, src, 1.5, 4),
+                               greedy_search_reference(model, src, 1.5, 4))
 
 
 @pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
@@ -59,7 +52,8 @@ def test_fast_beam_equals_reference(self_attention, cross, beam):
         model = _model(self_attention, cross, seed)
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
         args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
-        _same(beam_search(model, src, **args), beam_search_reference(model, src, **args))
+        assert_same_hypotheses(beam_search(model, src, **args),
+                               beam_search_reference(model, src, **args))
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-all", "sh-x", "syn-r"])
@@ -75,7 +69,7 @@ def test_fast_equals_reference_on_archs_with_early_eos(arch):
         reference = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam, reference=True)
         lengths = {len(tokens) for hyps in reference for tokens, _ in hyps}
         assert len(lengths) > 1
-        _same(fast, reference)
+        assert_same_hypotheses(fast, reference)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
@@ -159,7 +153,8 @@ def test_fast_equals_reference_with_a_wide_vocabulary(arch):
     src, _ = random_batch(batch=4, src_len=8, vocab=3000, seed=5)
     for beam in (2, 4):
         args = dict(beam=beam, lenpen=0.6, max_len_a=1.2, max_len_b=4, nbest=beam)
-        _same(beam_search(model, src, **args), beam_search_reference(model, src, **args))
+        assert_same_hypotheses(beam_search(model, src, **args),
+                               beam_search_reference(model, src, **args))
 
 
 @pytest.mark.parametrize("self_attention", ["dot", "ran"])

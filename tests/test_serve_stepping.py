@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import assert_same_translations
+from conftest import assert_same_hypotheses, assert_same_translations
 
 pytest.importorskip("fastapi")
 
@@ -19,14 +19,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from ranmt.inference.translator import Translator  # noqa: E402
 from ranmt.serving.app import ServeLimits, Work, create_app, wait_for_job  # noqa: E402
 from ranmt.serving.batching import StepBatcher  # noqa: E402
-
-
-def _same(got, expected):
-    """The same hypotheses, scores within float noise (rows share matrix products)."""
-    assert [[tokens for tokens, _ in hyps] for hyps in got] == \
-        [[tokens for tokens, _ in hyps] for hyps in expected]
-    for hyps, wanted in zip(got, expected):
-        assert [score for _, score in hyps] == pytest.approx([s for _, s in wanted], abs=1e-4)
 
 
 async def _connected():
@@ -62,8 +54,8 @@ def test_a_request_arriving_mid_decoding_joins_at_the_next_step(reverse_run):
         return submitted, short, long
 
     submitted, short, long = asyncio.run(scenario())
-    _same(short, translator.translate_ids(short_line, beam=4))
-    _same(long, translator.translate_ids(long_lines, beam=4))
+    assert_same_hypotheses(short, translator.translate_ids(short_line, beam=4), 1e-4)
+    assert_same_hypotheses(long, translator.translate_ids(long_lines, beam=4), 1e-4)
     # The steps it takes alone, plus the step under way when it arrived and at most one
     # waiting for company (join_wait).
     alone, _ = translator.continuous_decoder(beam=4)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_batch
+from conftest import assert_same_hypotheses, random_batch
 from ranmt.inference import graphs
 from ranmt.inference.decode import search
 from ranmt.runtime.host_syncs import SyncCounter
-from test_fast_decode import DECODERS, _model, _same
+from test_fast_decode import DECODERS, _model
 
 
 @pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
@@ -28,8 +28,8 @@ def test_static_step_equals_the_shrinking_search(self_attention, cross):
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
         for beam in (1, 2, 5):
             args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
-            _same(search(model, src, graphs=True, **args),
-                  search(model, src, sync_free=False, **args))
+            assert_same_hypotheses(search(model, src, graphs=True, **args),
+                                   search(model, src, sync_free=False, **args))
 
 
 @pytest.mark.parametrize(("self_attention", "cross"),
@@ -42,13 +42,13 @@ def test_static_step_with_prefixes_fixed_length_and_ensembles(self_attention, cr
     prefix = torch.tensor([[7, 8, 0], [9, 0, 0], [0, 0, 0], [5, 6, 7]])
     for beam in (1, 3):
         args = dict(beam=beam, nbest=beam, max_len_b=5)
-        _same(search(model, src, graphs=True, prefix=prefix, **args),
-              search(model, src, sync_free=False, prefix=prefix, **args))
-        _same(search(model, src, graphs=True, fixed_length=9, **args),
-              search(model, src, sync_free=False, fixed_length=9, **args))
+        assert_same_hypotheses(search(model, src, graphs=True, prefix=prefix, **args),
+                               search(model, src, sync_free=False, prefix=prefix, **args))
+        assert_same_hypotheses(search(model, src, graphs=True, fixed_length=9, **args),
+                               search(model, src, sync_free=False, fixed_length=9, **args))
     ensemble = Ensemble([model, _model("dot", "dot", 4)])
-    _same(search(ensemble, src, 3, nbest=3, graphs=True),
-          search(ensemble, src, 3, nbest=3, sync_free=False))
+    assert_same_hypotheses(search(ensemble, src, 3, nbest=3, graphs=True),
+                           search(ensemble, src, 3, nbest=3, sync_free=False))
 
 
 class _Recorder(graphs.StaticDecoder):

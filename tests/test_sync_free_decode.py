@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_batch, tiny_model
+from conftest import assert_same_hypotheses, random_batch, tiny_model
 from ranmt.inference.decode import beam_search_sync_free, greedy_search_sync_free, search
 from ranmt.model import EOS_ID, PAD_ID
 from ranmt.runtime.host_syncs import SyncCounter
-from test_fast_decode import DECODERS, _model, _same
+from test_fast_decode import DECODERS, _model
 
 
 @pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
@@ -26,8 +26,8 @@ def test_sync_free_equals_shrinking_search(self_attention, cross):
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
         for beam in (1, 2, 5):
             args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
-            _same(search(model, src, sync_free=True, **args),
-                  search(model, src, sync_free=False, **args))
+            assert_same_hypotheses(search(model, src, sync_free=True, **args),
+                                   search(model, src, sync_free=False, **args))
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r"])
@@ -45,7 +45,8 @@ def test_sync_free_with_early_eos_and_any_check_interval(arch, check_every):
         shrinking = search(model, src, sync_free=False, **args)
         lengths = {len(tokens) for hyps in shrinking for tokens, _ in hyps}
         assert len(lengths) > 1
-        _same(search(model, src, sync_free=True, check_every=check_every, **args), shrinking)
+        assert_same_hypotheses(search(model, src, sync_free=True, check_every=check_every, **args),
+                               shrinking)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
@@ -56,10 +57,11 @@ def test_sync_free_with_prefixes_and_fixed_length(arch):
     for beam in (1, 3):
         args = dict(beam=beam, nbest=beam, max_len_b=3, prefix=prefix)
         free = search(model, src, sync_free=True, **args)
-        _same(free, search(model, src, sync_free=False, **args))
+        assert_same_hypotheses(free, search(model, src, sync_free=False, **args))
         assert free[0][0][0][:3] == [5, 6, 7] and free[1][0][0][:1] == [9]
         fixed = search(model, src, beam, nbest=beam, fixed_length=9, sync_free=True)
-        _same(fixed, search(model, src, beam, nbest=beam, fixed_length=9, sync_free=False))
+        shrinking = search(model, src, beam, nbest=beam, fixed_length=9, sync_free=False)
+        assert_same_hypotheses(fixed, shrinking)
         assert all(len(tokens) == 9 for hyps in fixed for tokens, _ in hyps)
 
 
@@ -70,8 +72,8 @@ def test_sync_free_ensemble_equals_shrinking():
     src, _ = random_batch(batch=4, src_len=8, seed=2)
     for beam in (1, 3):
         args = dict(beam=beam, nbest=beam, max_len_b=4)
-        _same(search(ensemble, src, sync_free=True, **args),
-              search(ensemble, src, sync_free=False, **args))
+        assert_same_hypotheses(search(ensemble, src, sync_free=True, **args),
+                               search(ensemble, src, sync_free=False, **args))
 
 
 def _syncs(run) -> SyncCounter:

@@ -19,7 +19,7 @@ from ranmt.inference.continuous import ContinuousDecoder, merge_caches
 from ranmt.inference.decode import search
 from ranmt.inference.sampling import Sampler, sample
 from ranmt.model import EOS_ID
-from test_fast_decode import DECODERS, _model
+from test_fast_decode import DECODERS, SELF, _model
 
 
 def _lines(count: int, seed: int, min_len: int = 2, max_len: int = 12) -> list[list[int]]:
@@ -193,3 +193,22 @@ def test_queued_lines_wait_at_most_join_wait_steps_for_company():
         decoder.add(name, [5, 6])
     decoder.step()
     assert decoder.decoding == 12 and not decoder.waiting
+
+
+@pytest.mark.parametrize("self_attention", SELF)
+def test_histories_up_to_the_models_last_position(self_attention):
+    """Outputs forced to the model's longest (``fixed_length`` = max_positions - 1), lines
+    joining 3 steps apart: the histories reach and pass the learned matrices' length
+    (beam search trims a history to span + 1 slots at each reorder; greedy search grows
+    it 8 slots at a time) and every line still gets its decoding alone."""
+    model = tiny_model(0, **{"model.decoder.self_attention": self_attention,
+                             "model.max_positions": 20})[0]
+    waves = [_lines(2, 4, 3, 6), _lines(2, 5, 8, 12)]
+    flat = [ids for wave in waves for ids in wave]
+    for beam in (1, 3):
+        args = dict(beam=beam, max_len_b=40, fixed_length=19, nbest=beam)
+        results = _staggered(ContinuousDecoder(model, **args), waves, 3)
+        for number, ids in enumerate(flat):
+            assert len(results[number][0][0]) == 19
+            assert_same_hypotheses([results[number]], [_alone(model, ids, **args)],
+                                   tolerance=1e-4)

@@ -23,7 +23,7 @@ the variant is:
   (``ranmt.inference.continuous``) decodes rows that are at different positions: then
   ``cache.positions`` (B,) long holds each row's query position and ``cache.span`` the
   largest position + 1; a history keeps position j of every row in slot j (rows shorter
-  than the span have zeros after their position, masked by :func:`rows_allowed`), and
+  than the history have zeros after their position, masked by :func:`rows_allowed`), and
   :func:`cache_append` writes each row at its own position.
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
 """
@@ -121,17 +121,25 @@ class VersionedCache:
         return self.value
 
 
-def reorder_cache(cache: AttentionCache, order: Tensor) -> None:
+def reorder_cache(cache: AttentionCache, order: Tensor, span: int | None = None) -> None:
     """Select batch entries ``order`` (1-D long) of every tensor in an attention cache.
 
     A static history (see :func:`cache_append`) is gathered into the other of its two
     preallocated buffers, laid out contiguously with room for the next step: one copy per
-    reorder, no allocation, and the next step's history is contiguous again.
+    reorder, no allocation, and the next step's history is contiguous again. With
+    ``span`` (a self-attention's history of rows at their own positions, step-level
+    batching: the largest position + 1) the ``k`` / ``v`` histories are gathered into
+    slots ``:span`` plus one zero slot for the next step: the reorder's copy also trims
+    them to what the next step reads.
     """
     for name, value in list(cache.row_tensors()):
         history = cache.static.get(name)
         if history is None:
-            cache.set_row_tensor(name, value.index_select(0, order))
+            if span is not None and name in ("k", "v"):
+                value = _select_at_positions(value, order, span)
+            else:
+                value = value.index_select(0, order)
+            cache.set_row_tensor(name, value)
             continue
         rows, heads, _, dim = value.shape
         room = min(history.filled + 1, cache.capacity)
@@ -139,6 +147,17 @@ def reorder_cache(cache: AttentionCache, order: Tensor) -> None:
         torch.index_select(value[:, :, :history.filled], 0, order,
                            out=target[:, :, :history.filled])
         cache.set_history(name, target)
+
+
+def _select_at_positions(history: Tensor, order: Tensor, span: int) -> Tensor:
+    """Rows ``order`` of a history (B, H, L, d) of rows at their own positions, slots
+    ``:span`` (every row's written slots), as a contiguous (len(order), H, span + 1, d) whose
+    last slot is zero: room for the next step without growing."""
+    written = min(span, history.shape[2])
+    selected = history.new_empty(order.numel(), history.shape[1], span + 1, history.shape[3])
+    torch.index_select(history[:, :, :written], 0, order, out=selected[:, :, :written])
+    selected[:, :, written:].zero_()
+    return selected
 
 
 def _spare_view(history: StaticHistory, shape: tuple[int, ...]) -> Tensor:
@@ -194,7 +213,10 @@ def _append_at_positions(cache: AttentionCache, name: str, step_values: Tensor) 
     """Per-row positions (step-level batching): write row r's ``step_values`` (B, H, 1, d)
     at slot ``cache.positions[r]`` of the history (B, H, L, d), grown by 8 slots (zeros)
     when the span passes L: every reorder and join of the batch copies the whole history,
-    so it is kept close to the span; returns slots ``:span`` (B, H, span, d)."""
+    so it is kept close to the span. Returns the whole history (B, H, L, d), L >= span,
+    contiguous (slots after a row's position hold zeros; callers mask them): slots
+    ``:span`` alone would be a strided view, which every matrix product over it copies
+    first (a whole history per layer and step)."""
     positions, span = cache.positions, cache.span
     batch, heads, _, dim = step_values.shape
     current = cache.history(name)
@@ -205,17 +227,18 @@ def _append_at_positions(cache: AttentionCache, name: str, step_values: Tensor) 
             grown[:, :, : current.shape[2]] = current
         current = grown
     elif current.shape[2] > span + 16:  # the longest rows left: later copies take less
-        current = current[:, :, : span + 8]
+        current = current[:, :, : span + 8].contiguous()
     current[torch.arange(batch, device=positions.device), :, positions] = step_values[:, :, 0]
     cache.set_history(name, current)
-    return current[:, :, :span]
+    return current
 
 
-def rows_allowed(cache: AttentionCache) -> Tensor:
-    """Per-row positions: (B, 1, 1, span) bool, True at the keys row r may attend to (slots
-    0 .. ``positions[r]``, its own history up to and including this step)."""
+def rows_allowed(cache: AttentionCache, length: int) -> Tensor:
+    """Per-row positions: (B, 1, 1, length) bool over a history of ``length`` slots, True
+    at the keys row r may attend to (slots 0 .. ``positions[r]``, its own history up to
+    and including this step)."""
     positions = cache.positions
-    slots = torch.arange(cache.span, device=positions.device)
+    slots = torch.arange(length, device=positions.device)
     return (slots[None, :] <= positions[:, None])[:, None, None, :]
 
 

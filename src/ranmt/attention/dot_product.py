@@ -171,7 +171,7 @@ class DotProductAttention(Attention):
         incremental = cache is not None and not self.is_cross
         q_offset = k_len - q_len if incremental else 0
         if incremental and at_rows:
-            allowed = rows_allowed(cache)  # (B, 1, 1, span)
+            allowed = rows_allowed(cache, k_len)  # (B, 1, 1, S >= span)
         else:
             allowed = build_mask(key_padding_mask, causal and not incremental, q_len, k_len,
                                  q_offset, q.device)

@@ -21,6 +21,7 @@ drawn.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention.base import (
@@ -146,11 +147,15 @@ class LearnedMatrixAttention(Attention):
         """One step of rows at their own positions p_r (``cache.positions`` (B,), step-level
         batching): row r reads row p_r of the causal matrix; its zeros above the diagonal
         mask the slots after p_r."""
-        positions, span = cache.positions, cache.span
-        self._check_length(span)
-        values = append_values(cache, values)  # (B, H, span, d_h)
-        probs = self.inference_causal_probs()[:, :, :span].index_select(1, positions)  # (H,B,span)
-        probs = probs.transpose(0, 1)[:, :, None].to(values.dtype)  # (B, H, 1, span)
+        positions = cache.positions
+        self._check_length(cache.span)
+        values = append_values(cache, values)  # (B, H, L, d_h), L >= span, contiguous
+        slots = values.shape[2]
+        probs = self.inference_causal_probs()[:, :, :slots]  # (H, N, min(L, N))
+        if probs.shape[2] < slots:  # a history longer than the matrices: zeros after them
+            probs = F.pad(probs, (0, slots - probs.shape[2]))
+        probs = probs.index_select(1, positions)  # (H, B, L)
+        probs = probs.transpose(0, 1)[:, :, None].to(values.dtype)  # (B, H, 1, L)
         context = probs @ values  # (B, H, 1, d_h)
-        return AttnOutput(self.out_proj(merge_heads(context)), probs if need_weights else None,
-                          None)
+        weights = probs[..., : cache.span] if need_weights else None  # (B, H, 1, span)
+        return AttnOutput(self.out_proj(merge_heads(context)), weights, None)

@@ -192,8 +192,9 @@ class Seq2Seq(nn.Module):
         if sentence_order is not None:
             cache.memory = cache.memory.index_select(0, sentence_order)
             cache.pad_mask = cache.pad_mask.index_select(0, sentence_order)
+        span = cache.span if cache.positions is not None else None
         for layer_cache in cache.layers:
-            reorder_cache(layer_cache.self_attention, order)
+            reorder_cache(layer_cache.self_attention, order, span)
             if group == 1:
                 reorder_cache(layer_cache.cross_attention, order)
             elif sentence_order is not None:

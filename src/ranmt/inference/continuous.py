@@ -264,10 +264,15 @@ class ContinuousDecoder:
         caps = output_caps(src, self.max_len_a, self.max_len_b, self.limit, self.fixed_length)
         caps = caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)
         memory, pad_mask, _ = model.encode(src)
-        cache = model.init_cache(memory, pad_mask, group=group)
-        _set_positions(cache, torch.zeros(count * group, dtype=torch.long, device=device), 1)
-        prev = torch.full((count * group, 1), BOS_ID, dtype=torch.long, device=device)
-        logprobs = model.decode_step(prev, cache)
+        # The first step with one row a line: a line's beams all start from BOS alike.
+        cache = model.init_cache(memory, pad_mask)
+        _set_positions(cache, torch.zeros(count, dtype=torch.long, device=device), 1)
+        prev = torch.full((count, 1), BOS_ID, dtype=torch.long, device=device)
+        logprobs = model.decode_step(prev, cache)  # (count, V)
+        if group > 1:
+            beams = torch.arange(count, device=device).repeat_interleave(group)
+            cache = _widen(cache, model.init_cache(memory, pad_mask, group=group), beams)
+            logprobs, prev = logprobs.index_select(0, beams), prev.index_select(0, beams)
         scores = torch.zeros(count, group, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive
         capacity = int(caps.max()) + 1
@@ -379,6 +384,25 @@ class ContinuousDecoder:
                 for slot in range(min(count, self.beam))]
         hyps = sorted(hyps, key=lambda item: -item[1])[: self.nbest]
         return hyps if hyps else [([], -math.inf)]
+
+
+def _widen(taken: Any, beams_cache: Any, beams: Tensor) -> Any:
+    """The cache ``taken`` of a first step with one row a line, as the cache of a line's
+    beams (``beams`` (n * g,): the line of each row): ``beams_cache``, fresh from
+    ``init_cache(..., group=g)``, gets the step's self-attention histories row by row and
+    its cross-attention state as it keeps its memory side: per line where the memory is
+    grouped (the projected memory as computed), else per row. Ensembles member by member."""
+    for small, wide in zip(taken.members, beams_cache.members):
+        wide.step, wide.span = small.step, small.span
+        wide.positions = small.positions.index_select(0, beams)
+        for small_layer, wide_layer in zip(small.layers, wide.layers):
+            for part in ("self_attention", "cross_attention"):
+                before, after = getattr(small_layer, part), getattr(wide_layer, part)
+                after.step, after.span, after.positions = before.step, before.span, wide.positions
+                per_line = part == "cross_attention" and wide.group > 1
+                for name, value in before.row_tensors():
+                    after.set_row_tensor(name, value if per_line else value.index_select(0, beams))
+    return beams_cache
 
 
 def _merge_sentences(first: _Sentences, second: _Sentences) -> _Sentences:

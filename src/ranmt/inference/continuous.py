@@ -13,9 +13,12 @@ starts within two steps (``join_wait``). What makes it possible:
   position j of every row, later slots masked), RAN's and the Synthesizer's matrix rows,
   hard-coded Gaussian centres are all taken per row.
 * **Joining.** Joining lines are encoded together and take their first step in a cache of
-  their own; that cache is then concatenated to the running one
-  (:func:`merge_caches`: source-side tensors padded to the longer source, histories to
-  the longer history), and their search state to the running state.
+  their own, with one row a line (a line's beams all start alike; :func:`_widen` then
+  gives each beam its row); that cache is then concatenated to the running one
+  (source-side tensors padded to the longer source, histories to the longer history) by
+  the reorder that ends the step (:func:`reorder_merged`: one copy of the running cache),
+  or by :func:`merge_caches` where the step keeps every row, and their search state to
+  the running state.
 * **Leaving.** A sentence with ``beam`` finished hypotheses (or nothing left to extend,
   or EOS in greedy search and sampling) is answered at once and its rows leave the batch,
   as in the shrinking search (:func:`ranmt.inference.decode.beam_search`).
@@ -138,6 +141,54 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
     return first  # ints and flags (step, group, capacity) are equal in both
 
 
+def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int) -> None:
+    """``reorder_cache(merge_caches(running, joining), rows)`` into ``running``, copying
+    each of its tensors once: ``rows`` (1-D long, sorted by sentence) index the running
+    cache's ``running_rows`` rows followed by the joining cache's. The memory side goes by
+    sentence where it is grouped, as in ``Seq2Seq.reorder_cache``; self-attention
+    histories are gathered into ``span + 1`` slots, as that reorder gathers them."""
+    first = int((rows < running_rows).sum())
+    row_orders = rows[:first], rows[first:] - running_rows
+    for ahead, behind in zip(running.members, joining.members):
+        group = ahead.group
+        sentence_orders = row_orders if group == 1 else tuple(
+            torch.div(order.view(-1, group)[:, 0], group, rounding_mode="floor")
+            for order in row_orders)
+        ahead.memory = _gather_two(ahead.memory, behind.memory, sentence_orders)
+        ahead.pad_mask = _gather_two(ahead.pad_mask, behind.pad_mask, sentence_orders, True)
+        for layer_ahead, layer_behind in zip(ahead.layers, behind.layers):
+            for part, orders, slots in (
+                    ("self_attention", row_orders, ahead.span + 1),
+                    ("cross_attention", sentence_orders, None)):
+                cache_ahead, cache_behind = getattr(layer_ahead, part), getattr(layer_behind, part)
+                tensors_behind = dict(cache_behind.row_tensors())
+                for name, value in list(cache_ahead.row_tensors()):
+                    history = slots if name in ("k", "v") else None
+                    cache_ahead.set_row_tensor(name, _gather_two(
+                        value, tensors_behind[name], orders, 0, history))
+
+
+def _gather_two(first: Tensor, second: Tensor, orders: tuple[Tensor, Tensor],
+                pad: float | bool = 0, slots: int | None = None) -> Tensor:
+    """``torch.cat([first[orders[0]], second[orders[1]]])`` with every other dim padded with
+    ``pad`` to the larger of the two, written once into a new tensor; ``slots``: the
+    history dim (dim 2) cut or padded to that many slots instead."""
+    shape = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
+    if slots is not None:
+        shape[1] = slots
+    out = first.new_empty(orders[0].numel() + orders[1].numel(), *shape)
+    start = 0
+    for part, order in zip((first, second), orders):
+        region = out[start: start + order.numel()]
+        start += order.numel()
+        common = (slice(None),) + tuple(slice(0, min(size, target))
+                                        for size, target in zip(part.shape[1:], shape))
+        if any(size < target for size, target in zip(part.shape[1:], shape)):
+            region.fill_(pad)
+        torch.index_select(part[common], 0, order, out=region[common])
+    return out
+
+
 def _set_positions(cache: DecoderCache | EnsembleCache, positions: Tensor, span: int) -> None:
     """Give a decoder cache (an ensemble's: each member's) per-row positions (rows,)."""
     for member in cache.members:
@@ -179,6 +230,9 @@ class ContinuousDecoder:
         self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []
         self.sentences: _Sentences | None = None
         self.cache: DecoderCache | EnsembleCache | None = None
+        self._joined: tuple[Any, int] | None = None
+        """At a step where lines join a running batch: their cache and the running rows,
+        until the step's reorder merges the two caches (see :meth:`_reorder`)."""
         self.steps_taken = 0
 
     # ------------------------------------------------------------------ the queue
@@ -224,9 +278,9 @@ class ContinuousDecoder:
             parts.append(logprobs)
             if self.sentences is None:
                 self.sentences, self.cache = joining, cache
-            else:
+            else:  # the caches are merged by the reorder that ends this step
+                self._joined = (cache, self.rows)
                 self.sentences = _merge_sentences(self.sentences, joining)
-                self.cache = merge_caches(self.cache, cache)
         if not parts:
             return []
         self.steps_taken += 1
@@ -312,12 +366,12 @@ class ContinuousDecoder:
         done = [(state.tickets[i], self._nbest(i)) for i in (~keep).nonzero()[:, 0].tolist()]
         kept = keep.nonzero()[:, 0]
         if kept.numel() == 0:
-            self.sentences = self.cache = None
+            self.sentences = self.cache = self._joined = None
             return done
         picked, next_scores = next_beams(extends, top_scores, beam)
         rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked[kept])).view(-1)
         tokens = top_tokens[kept].gather(1, picked[kept]).view(-1)
-        self.model.reorder_cache(self.cache, rows)
+        self._reorder(rows)
         state = state.select(kept, rows)
         state.scores = next_scores[kept]
         self._write(state, row_steps.index_select(0, rows), tokens)
@@ -344,15 +398,28 @@ class ContinuousDecoder:
                 done.append((state.tickets[i], [(tokens, scores[i])]))
             kept = (~ended).nonzero()[:, 0]
             if kept.numel() == 0:
-                self.sentences = self.cache = None
+                self.sentences = self.cache = self._joined = None
                 return done
-            self.model.reorder_cache(self.cache, kept)
+            self._reorder(kept)
             state = state.select(kept, kept)
             best = best.index_select(0, kept)
             self.sentences = state
+        elif self._joined is not None:
+            self.cache, self._joined = merge_caches(self.cache, self._joined[0]), None
         state.steps += 1
         state.prev = best[:, None]
         return done
+
+    def _reorder(self, rows: Tensor) -> None:
+        """Keep decoder ``rows`` (sorted by sentence) of the cache; at a step where lines
+        joined, of the running and the joining caches as one (:func:`reorder_merged`: one
+        copy of the running cache instead of a merge and then a reorder)."""
+        if self._joined is None:
+            self.model.reorder_cache(self.cache, rows)
+        else:
+            joining, running_rows = self._joined
+            reorder_merged(self.cache, joining, rows, running_rows)
+            self._joined = None
 
     def _draw(self, logprobs: Tensor, generators: list) -> tuple[Tensor, Tensor]:
         """Sampling: the rows of each run of sentences sharing a generator drawn together,

@@ -192,7 +192,10 @@ class Seq2Seq(nn.Module):
         if sentence_order is not None:
             cache.memory = cache.memory.index_select(0, sentence_order)
             cache.pad_mask = cache.pad_mask.index_select(0, sentence_order)
-        span = cache.span if cache.positions is not None else None
+        # Rows at their own positions (step-level batching): histories gathered into
+        # span + 1 slots; not where every sentence keeps its place (the sync-free search,
+        # CUDA graphs), whose histories keep their shape.
+        span = cache.span if cache.positions is not None and not within_groups else None
         for layer_cache in cache.layers:
             reorder_cache(layer_cache.self_attention, order, span)
             if group == 1:

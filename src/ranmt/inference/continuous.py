@@ -183,9 +183,10 @@ def _gather_two(first: Tensor, second: Tensor, orders: tuple[Tensor, Tensor],
         start += order.numel()
         common = (slice(None),) + tuple(slice(0, min(size, target))
                                         for size, target in zip(part.shape[1:], shape))
-        if any(size < target for size, target in zip(part.shape[1:], shape)):
-            region.fill_(pad)
         torch.index_select(part[common], 0, order, out=region[common])
+        for dim, (size, target) in enumerate(zip(part.shape[1:], shape), start=1):
+            if size < target:  # the slab past this part's end, along this dim
+                region[(slice(None),) * dim + (slice(size, None),)].fill_(pad)
     return out
 
 

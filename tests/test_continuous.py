@@ -212,3 +212,70 @@ def test_histories_up_to_the_models_last_position(self_attention):
             assert len(results[number][0][0]) == 19
             assert_same_hypotheses([results[number]], [_alone(model, ids, **args)],
                                    tolerance=1e-4)
+
+
+def test_fixed_length_and_prefixes_past_the_length_limit():
+    """A fixed length, and forced prefixes, longer than ``max_len_a * |src| + max_len_b``:
+    the line's output limit is the fixed length (or grows to hold the prefix), as decoded
+    alone."""
+    model = _model("ran", "dot", 0)
+    lines = _lines(4, 8, 2, 4)
+    prefixes = {0: [5, 6, 7, 8, 9, 10, 11], 2: [12, 13, 14, 15, 16, 17]}
+    for beam in (1, 3):
+        for fixed_length, extra in ((9, {}), (None, {"prefixes": prefixes})):
+            args = dict(beam=beam, max_len_a=0.0, max_len_b=2, fixed_length=fixed_length,
+                        nbest=beam)
+            results = _staggered(ContinuousDecoder(model, **args), [lines[:2], lines[2:]], 2,
+                                 extra.get("prefixes"))
+            for number, ids in enumerate(lines):
+                prefix = extra.get("prefixes", {}).get(number)
+                alone = _alone(model, ids, prefix, **args)
+                assert_same_hypotheses([results[number]], [alone], tolerance=1e-4)
+                longest = max(len(tokens) for tokens, _ in alone)
+                if fixed_length:
+                    assert longest == 9
+                elif prefix:
+                    assert longest >= len(prefix) > 2
+
+
+def test_beam_reorders_keep_histories_to_what_the_next_step_reads():
+    """After every beam-search step (a line joining or not) each self-attention history
+    holds the step's span + 1 slots: room for every row's next position, and no more
+    than one step's worth beyond it once the oldest line has left."""
+    model = _model("dot", "dot", 0)
+    decoder = ContinuousDecoder(model, beam=3, max_len_b=8, join_wait=1)
+    lines = _lines(6, 9, 3, 9)
+    checked = 0
+    for step in range(40):
+        if step % 3 == 0 and lines:
+            decoder.add(step, lines.pop())
+        decoder.step()
+        if decoder.sentences is None:
+            continue
+        slots = decoder.cache.span + 1
+        assert slots >= int(decoder.sentences.steps.max()) + 1
+        for layer in decoder.cache.layers:
+            assert {tensor.shape[2] for _, tensor in layer.self_attention.row_tensors()} == {slots}
+        checked += 1
+    assert checked > 10 and decoder.idle()
+
+
+def test_ran_weights_of_rows_at_their_own_positions():
+    """RAN's decoder self-attention, rows at positions p_r (step-level batching): weights
+    (B, H, 1, span) are rows p_r of the causal matrices, up to the span; the output equals
+    each row's step alone."""
+    from ranmt.attention.cache import AttentionCache
+
+    model = _model("ran", "dot", 0)
+    attention = model.decoder.layers[1].self_attention
+    positions = torch.tensor([2, 0, 3, 1])
+    cache = AttentionCache(positions=positions, span=4)
+    values = torch.randn(4, 1, model.config.d_model)
+    with torch.no_grad():
+        for step in range(4):  # histories written at every row's slots up to its position
+            cache.positions = torch.minimum(positions, torch.tensor(step))
+            out = attention(values, values, cache=cache, need_weights=True)
+    probs = attention.inference_causal_probs()
+    assert out.weights.shape == (4, probs.shape[0], 1, 4)
+    for row, position in enumerate(positions.tolist()):
+        assert torch.equal(out.weights[row, :, 0], probs[:, position, :4])

@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ranmt.attention.cache import DecoderCache, EnsembleCache
@@ -106,19 +105,8 @@ class _Sentences:
 def _cat_padded(first: Tensor, second: Tensor, value: float | bool = 0) -> Tensor:
     """``first`` and ``second`` concatenated along dim 0, every other dim padded (at its end,
     with ``value``) to the larger of the two."""
-    shape = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
-
-    def padded(tensor: Tensor) -> Tensor:
-        pads = []
-        for size, target in zip(reversed(tensor.shape[1:]), reversed(shape)):
-            pads += [0, target - size]
-        if not any(pads):
-            return tensor
-        if tensor.dtype == torch.bool:
-            return F.pad(tensor.to(torch.uint8), pads, value=int(value)).bool()
-        return F.pad(tensor, pads, value=value)
-
-    return torch.cat([padded(first), padded(second)])
+    orders = tuple(torch.arange(part.shape[0], device=part.device) for part in (first, second))
+    return _gather_two(first, second, orders, value)
 
 
 def merge_caches(first: Any, second: Any, key: str = "") -> Any:

@@ -20,6 +20,15 @@ from ranmt.inference.translator import Translator  # noqa: E402
 from ranmt.serving.app import ServeLimits, Work, create_app, wait_for_job  # noqa: E402
 from ranmt.serving.batching import StepBatcher  # noqa: E402
 
+BOUND_S = 30
+"""The longest a test waits for a job (a mutant that never admits a line fails, not hangs)."""
+
+
+async def _steps(batcher, count: int) -> None:
+    """Return once ``batcher`` has taken ``count`` steps."""
+    while batcher.steps < count:
+        await asyncio.sleep(0.001)
+
 
 async def _connected():
     return False
@@ -41,14 +50,13 @@ def test_a_request_arriving_mid_decoding_joins_at_the_next_step(reverse_run):
         worker = asyncio.create_task(batcher.run())
         long_job = batcher.submit(long_lines, work, timeout_s=60)
         long_job.future.add_done_callback(lambda _: finished_at.setdefault("long", batcher.steps))
-        while batcher.steps < 2:
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(_steps(batcher, 2), BOUND_S)
         submitted = batcher.steps
         short_job = batcher.submit(short_line, work, timeout_s=60)
         short_job.future.add_done_callback(
             lambda _: finished_at.setdefault("short", batcher.steps))
-        short = await wait_for_job(batcher, short_job, _connected)
-        long = await wait_for_job(batcher, long_job, _connected)
+        short = await asyncio.wait_for(wait_for_job(batcher, short_job, _connected), BOUND_S)
+        long = await asyncio.wait_for(wait_for_job(batcher, long_job, _connected), BOUND_S)
         worker.cancel()
         executor.shutdown()
         return submitted, short, long
@@ -87,7 +95,7 @@ def test_health_is_answered_while_a_long_decoding_runs(translators, monkeypatch)
             assert client.get(path).status_code == 200
             assert time.perf_counter() - start < 1.0, path
         assert not busy.done()
-        assert busy.result().status_code == 200
+        assert busy.result(timeout=BOUND_S).status_code == 200
 
 
 def test_sampling_per_line_is_independent_of_company(translators):
@@ -103,8 +111,8 @@ def test_sampling_per_line_is_independent_of_company(translators):
                                   json={"text": ["h i j"] * 3, "sampling": "topk", "topk": 5,
                                         "nbest": 3, "seed": seed}) for seed in (1, 2)]
             company = pool.submit(client.post, "/translate", json=request)
-            assert all(other.result().status_code == 200 for other in others)
-            company = company.result().json()
+            assert all(other.result(timeout=BOUND_S).status_code == 200 for other in others)
+            company = company.result(timeout=BOUND_S).json()
     assert_same_translations(alone, company)
     texts = [hyp["text"] for entry in alone["translations"] for hyp in entry["nbest"]]
     assert len(texts) == 6

@@ -209,11 +209,12 @@ class ContinuousDecoder:
         draw of :meth:`ranmt.inference.sampling.Sampler.pick`."""
         self.join_wait = join_wait
         """Steps a queued line may wait for company before it joins a running batch (1:
-        the next step; 2, the default: the next or the one after). Every join copies the
-        batch's cache once, so lines that join together cost less: with 64 lines at beam
-        16 on two CPU cores, 2 gave 1.07x the lines/s of 1, 4 1.10x
-        (``benchmarks/continuous_batching.py``). A line joins an empty batch at
-        once, and the queue joins whenever it holds lines for a quarter of the batch."""
+        the next step; 2, the default: the next or the one after). Every join encodes
+        the joining lines and takes their first step apart, so lines that join together
+        cost less: with 64 lines at beam 16 on two CPU cores, 2 gave 1.01x the lines/s of
+        1, 4 1.03x (``benchmarks/continuous_batching.py``; 1.07x and 1.10x when a join
+        also copied the whole cache). A line joins an empty batch at once, and the queue
+        joins whenever it holds lines for a quarter of the batch."""
         self.device = next(model.parameters()).device
         self._queued_at = 0  # steps_taken when the oldest queued line was added
         self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []

@@ -450,12 +450,13 @@ def _widen(taken: Any, beams_cache: Any, beams: Tensor) -> Any:
     its cross-attention state as it keeps its memory side: per line where the memory is
     grouped (the projected memory as computed), else per row. Ensembles member by member."""
     for small, wide in zip(taken.members, beams_cache.members):
+        # The step's positions and span: what the step's reorder trims histories by (the
+        # attention caches' own are set by the next step's forward).
         wide.step, wide.span = small.step, small.span
         wide.positions = small.positions.index_select(0, beams)
         for small_layer, wide_layer in zip(small.layers, wide.layers):
             for part in ("self_attention", "cross_attention"):
                 before, after = getattr(small_layer, part), getattr(wide_layer, part)
-                after.step, after.span, after.positions = before.step, before.span, wide.positions
                 per_line = part == "cross_attention" and wide.group > 1
                 for name, value in before.row_tensors():
                     after.set_row_tensor(name, value if per_line else value.index_select(0, beams))

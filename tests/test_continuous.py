@@ -240,8 +240,8 @@ def test_fixed_length_and_prefixes_past_the_length_limit():
 
 def test_beam_reorders_keep_histories_to_what_the_next_step_reads():
     """After every beam-search step (a line joining or not) each self-attention history
-    holds the step's span + 1 slots: room for every row's next position, and no more
-    than one step's worth beyond it once the oldest line has left."""
+    holds the kept sentences' longest history + 1 slots: room for every row's next
+    position, and no more (not the step's span + 1 once the oldest line has left)."""
     model = _model("dot", "dot", 0)
     decoder = ContinuousDecoder(model, beam=3, max_len_b=8, join_wait=1)
     lines = _lines(6, 9, 3, 9)
@@ -252,12 +252,44 @@ def test_beam_reorders_keep_histories_to_what_the_next_step_reads():
         decoder.step()
         if decoder.sentences is None:
             continue
-        slots = decoder.cache.span + 1
-        assert slots >= int(decoder.sentences.steps.max()) + 1
+        slots = int(decoder.sentences.steps.max()) + 1
         for layer in decoder.cache.layers:
             assert {tensor.shape[2] for _, tensor in layer.self_attention.row_tensors()} == {slots}
         checked += 1
     assert checked > 10 and decoder.idle()
+
+
+@pytest.mark.parametrize("self_attention", SELF)
+def test_history_slots_past_a_rows_position_are_never_read(self_attention, monkeypatch):
+    """Reorders copy each row's written slots only (``history_plan``) and leave the others
+    as the buffer held them: with those slots filled with a large value instead of an
+    earlier history's, every line still gets its decoding alone (no variant reads a slot
+    past its row's position), and the histories were cut to runs (fewer slots copied)."""
+    from ranmt.attention import base
+
+    gathered, runs = base._gathered_view, []
+
+    def poisoned(cache, name, shape, like):
+        return gathered(cache, name, shape, like).fill_(1e4)
+
+    planned = base.history_plan
+
+    def recorded(*args, **kwargs):
+        plan = planned(*args, **kwargs)
+        runs.append(plan)
+        return plan
+
+    monkeypatch.setattr(base, "_gathered_view", poisoned)
+    monkeypatch.setattr(base, "HISTORY_RUN_WASTE", 0)  # a run per position: most slots left
+    monkeypatch.setattr("ranmt.inference.continuous.history_plan", recorded)
+    model = _model(self_attention, "dot", 0)
+    waves = [_lines(3, 1, 5, 8), _lines(2, 2, 10, 14), _lines(3, 3, 1, 3)]
+    args = dict(beam=3, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=3)
+    results = _staggered(ContinuousDecoder(model, **args), waves, 2)
+    for number, ids in enumerate(ids for wave in waves for ids in wave):
+        assert_same_hypotheses([results[number]], [_alone(model, ids, **args)], tolerance=1e-4)
+    short = [plan for plan in runs if any(slots < plan.length - 1 for *_, slots in plan.runs)]
+    assert len(short) > 10
 
 
 def test_ran_weights_of_rows_at_their_own_positions():

@@ -18,6 +18,8 @@ from ranmt.attention.cache import AttentionCache
 from ranmt.inference.decode import (
     beam_search,
     beam_search_reference,
+    best_candidates,
+    first_candidates,
     greedy_search,
     greedy_search_reference,
     row_topk,
@@ -143,6 +145,23 @@ def test_row_topk_finds_the_best_in_the_columns_after_the_last_block():
     expected_values, expected_ids = scores.topk(4, dim=1)
     assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
     assert ids[:, 0].tolist() == [2049] * 3 and ids[1, 1] == 2048
+
+
+@pytest.mark.parametrize("beam", [2, 4, 16])
+@pytest.mark.parametrize("vocab", [20, 2050])
+def test_first_candidates_equal_best_candidates_of_the_repeated_rows(beam, vocab):
+    """A first step with one row a sentence gives the candidates of its rows repeated per
+    beam with scores (0, -inf, ...), exactly: scores, beams and tokens, -inf rows too
+    (20 columns: fewer than 2k at beam 16; 2,050: the blocked top-k)."""
+    torch.manual_seed(vocab + beam)
+    logprobs = torch.log_softmax(torch.randn(5, vocab) * 3, dim=-1)
+    logprobs[1, :] = float("-inf")  # a row at its limit: EOS only
+    logprobs[1, 2] = -0.7
+    beam_scores = torch.full((5, beam), float("-inf"))
+    beam_scores[:, 0] = 0.0
+    expected = best_candidates(logprobs.repeat_interleave(beam, 0), beam_scores, beam)
+    for got, want in zip(first_candidates(logprobs, beam), expected):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])

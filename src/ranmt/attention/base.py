@@ -23,14 +23,18 @@ the variant is:
   (``ranmt.inference.continuous``) decodes rows that are at different positions: then
   ``cache.positions`` (B,) long holds each row's query position and ``cache.span`` the
   largest position + 1; a history keeps position j of every row in slot j (rows shorter
-  than the history have zeros after their position, masked by :func:`rows_allowed`), and
-  :func:`cache_append` writes each row at its own position.
+  than the history have finite values after their position, zeros or what an earlier
+  history left there, masked by :func:`rows_allowed`), :func:`cache_append` writes each row
+  at its own position, and a reorder copies each row's written slots only
+  (:func:`gather_histories`).
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -40,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ranmt.attention.cache import AttentionCache, StaticHistory
+from ranmt.attention.cache import AttentionCache, HistoryPlan, StaticHistory
 
 
 @dataclass
@@ -121,25 +125,24 @@ class VersionedCache:
         return self.value
 
 
-def reorder_cache(cache: AttentionCache, order: Tensor, span: int | None = None) -> None:
+def reorder_cache(cache: AttentionCache, order: Tensor, plan: HistoryPlan | None = None
+                  ) -> None:
     """Select batch entries ``order`` (1-D long) of every tensor in an attention cache.
 
     A static history (see :func:`cache_append`) is gathered into the other of its two
     preallocated buffers, laid out contiguously with room for the next step: one copy per
     reorder, no allocation, and the next step's history is contiguous again. With
-    ``span`` (a self-attention's history of rows at their own positions, step-level
-    batching: the largest position + 1) the ``k`` / ``v`` histories are gathered into
-    slots ``:span`` plus one zero slot for the next step: the reorder's copy also trims
-    them to what the next step reads.
+    ``plan`` (a self-attention's history of rows at their own positions, step-level
+    batching) the ``k`` / ``v`` histories are gathered by it (:func:`gather_histories`):
+    each row's written slots only, with room for the next step.
     """
     for name, value in list(cache.row_tensors()):
+        if plan is not None and name in ("k", "v"):
+            cache.set_row_tensor(name, gather_histories(cache, name, ((value, order),), plan))
+            continue
         history = cache.static.get(name)
         if history is None:
-            if span is not None and name in ("k", "v"):
-                value = _select_at_positions(value, order, span)
-            else:
-                value = value.index_select(0, order)
-            cache.set_row_tensor(name, value)
+            cache.set_row_tensor(name, value.index_select(0, order))
             continue
         rows, heads, _, dim = value.shape
         room = min(history.filled + 1, cache.capacity)
@@ -149,15 +152,79 @@ def reorder_cache(cache: AttentionCache, order: Tensor, span: int | None = None)
         cache.set_history(name, target)
 
 
-def _select_at_positions(history: Tensor, order: Tensor, span: int) -> Tensor:
-    """Rows ``order`` of a history (B, H, L, d) of rows at their own positions, slots
-    ``:span`` (every row's written slots), as a contiguous (len(order), H, span + 1, d) whose
-    last slot is zero: room for the next step without growing."""
-    written = min(span, history.shape[2])
-    selected = history.new_empty(order.numel(), history.shape[1], span + 1, history.shape[3])
-    torch.index_select(history[:, :, :written], 0, order, out=selected[:, :, :written])
-    selected[:, :, written:].zero_()
-    return selected
+HISTORY_RUN_WASTE = 128
+""":func:`history_plan` joins two runs of rows into one copy when that copies at most this
+many (row, slot) pairs more than separate copies would: a copy call costs about as much
+as copying ~100 slots of a `small` model's history."""
+
+
+def history_plan(written: list[int], group: int = 1, split: int | None = None) -> HistoryPlan:
+    """The :class:`HistoryPlan` of new rows in groups of ``group`` (a sentence's beams) whose
+    rows have written ``written[g]`` slots each (their position + 1): runs of rows copied
+    together (lines that joined together are alike), none across group ``split`` (where the
+    rows start coming from another cache)."""
+    parts = [(0, len(written))] if split is None else [(0, split), (split, len(written))]
+    runs: list[tuple[int, int, int]] = []
+    for first, last in parts:
+        start = row = first * group  # the run being formed: rows start..row
+        slots = useful = 0
+        for value, alike in itertools.groupby(written[first:last]):
+            rows = len(list(alike)) * group
+            wider = max(slots, value)
+            waste = wider * (row + rows - start) - (useful + value * rows)
+            if row > start and waste > HISTORY_RUN_WASTE:
+                runs.append((start, row, slots))
+                start, wider, useful = row, value, 0
+            slots, useful, row = wider, useful + value * rows, row + rows
+        if row > start:
+            runs.append((start, row, slots))
+    return HistoryPlan(tuple(runs), max(written, default=0) + 1)
+
+
+def whole_span_plan(rows: int, span: int) -> HistoryPlan:
+    """Every row copies ``span`` slots (a reorder of rows at their own positions without a
+    plan of its own: ``span`` is the largest position + 1)."""
+    return HistoryPlan(((0, rows, span),) if rows else (), span + 1)
+
+
+def gather_histories(cache: AttentionCache, name: str, parts: tuple[tuple[Tensor, Tensor], ...],
+                     plan: HistoryPlan) -> Tensor:
+    """The new ``name`` history of rows at their own positions, (rows, H, plan.length, d):
+    rows ``order`` of each ``(history, order)`` of ``parts`` in turn (a running and a joining
+    cache's, or one), each run of ``plan`` copying its written slots, into the buffer of
+    ``cache.gathered[name]`` that does not hold the current history (the other slots keep
+    finite values of earlier histories; masked)."""
+    sample = parts[0][0]
+    _, heads, _, dim = sample.shape
+    ends = list(itertools.accumulate(order.numel() for _, order in parts))
+    target = _gathered_view(cache, name, (ends[-1], heads, plan.length, dim), sample)
+    for start, end, slots in plan.runs:
+        part = bisect.bisect_right(ends, start)  # the part whose rows this run takes
+        history, order = parts[part]
+        offset = ends[part] - order.numel()
+        written = min(slots, history.shape[2])
+        torch.index_select(history[:, :, :written], 0, order[start - offset: end - offset],
+                           out=target[start:end, :, :written])
+    return target
+
+
+def _gathered_view(cache: AttentionCache, name: str, shape: tuple[int, ...], like: Tensor
+                   ) -> Tensor:
+    """A contiguous ``shape`` view of the buffer of ``cache.gathered[name]`` that does not
+    hold the current history (grown, with zeros, when too small); that buffer holds the
+    history from now on."""
+    size = math.prod(shape)
+    buffers = cache.gathered.get(name)
+    if buffers is None:
+        empty = like.new_zeros(0)
+        buffers = cache.gathered[name] = StaticHistory((empty, empty))
+    spare = 1 - buffers.in_buffer
+    if buffers.buffers[spare].numel() < size or buffers.buffers[spare].dtype != like.dtype:
+        grown = like.new_zeros(size + size // 4)  # room for a few more rows or slots
+        buffers.buffers = ((grown, buffers.buffers[1]) if spare == 0
+                           else (buffers.buffers[0], grown))
+    buffers.in_buffer = spare
+    return buffers.buffers[spare][:size].view(shape)
 
 
 def _spare_view(history: StaticHistory, shape: tuple[int, ...]) -> Tensor:
@@ -212,9 +279,9 @@ def cache_append(cache: AttentionCache, name: str, step_values: Tensor) -> Tenso
 def _append_at_positions(cache: AttentionCache, name: str, step_values: Tensor) -> Tensor:
     """Per-row positions (step-level batching): write row r's ``step_values`` (B, H, 1, d)
     at slot ``cache.positions[r]`` of the history (B, H, L, d), grown by 8 slots (zeros)
-    when the span passes L: every reorder and join of the batch copies the whole history,
-    so it is kept close to the span. Returns the whole history (B, H, L, d), L >= span,
-    contiguous (slots after a row's position hold zeros; callers mask them): slots
+    when the span passes L: it is kept close to the span (a reorder trims it to the span
+    + 1). Returns the whole history (B, H, L, d), L >= span, contiguous (slots after a
+    row's position hold finite values, zeros or an earlier history's; callers mask them): slots
     ``:span`` alone would be a strided view, which every matrix product over it copies
     first (a whole history per layer and step)."""
     positions, span = cache.positions, cache.span

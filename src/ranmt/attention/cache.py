@@ -33,6 +33,20 @@ class StaticHistory:
     filled: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class HistoryPlan:
+    """How a reorder of rows at their own positions (step-level batching) gathers the
+    self-attention histories (``base.gather_histories``): the new rows in ``runs``
+    ``(start, end, slots)``, each run copying its rows' first ``slots`` slots (what the
+    longest row of the run has written), into histories of ``length`` slots (the longest
+    row's + 1: room for the next step). A row's slots past its run's are not written: they
+    hold finite values of earlier histories, and every variant masks slots past a row's
+    position."""
+
+    runs: tuple[tuple[int, int, int], ...]
+    length: int
+
+
 @dataclass(slots=True, eq=False)
 class AttentionCache:
     """One attention module's incremental-decoding state."""
@@ -54,6 +68,9 @@ class AttentionCache:
     """A recurrent cross-attention's state (per row: previous context, weights, ...)."""
     static: dict[str, StaticHistory] = field(default_factory=dict)
     """The static buffers of the ``k`` / ``v`` histories (fast decoder)."""
+    gathered: dict[str, StaticHistory] = field(default_factory=dict)
+    """Rows at their own positions: the two buffers (grown as needed, zeros when new) that
+    reorders gather the ``k`` / ``v`` histories into by a :class:`HistoryPlan`."""
 
     @property
     def fast(self) -> bool:
@@ -120,6 +137,9 @@ class DecoderCache:
     """(B,) per-row positions (step-level batching, ``ranmt.inference.continuous``)."""
     span: int = 0
     """With ``positions``: the largest position + 1."""
+    plan: HistoryPlan | None = None
+    """With ``positions``: how the next reorder gathers the self-attention histories (set
+    by the step-level decoder, used once); None: every row's ``span`` slots."""
 
     @property
     def members(self) -> list[DecoderCache]:

@@ -14,11 +14,15 @@ starts within two steps (``join_wait``). What makes it possible:
   hard-coded Gaussian centres are all taken per row.
 * **Joining.** Joining lines are encoded together and take their first step in a cache of
   their own, with one row a line (a line's beams all start alike; :func:`_widen` then
-  gives each beam its row); that cache is then concatenated to the running one
-  (source-side tensors padded to the longer source, histories to the longer history) by
-  the reorder that ends the step (:func:`reorder_merged`: one copy of the running cache),
-  or by :func:`merge_caches` where the step keeps every row, and their search state to
-  the running state.
+  gives each beam its row; their candidates come from that one row,
+  :func:`ranmt.inference.decode.first_candidates`); that cache is then concatenated to the
+  running one (source-side tensors padded to the longer source) by the reorder that ends
+  the step (:func:`reorder_merged`: one copy of the running cache), or by
+  :func:`merge_caches` where the step keeps every row, and their search state to the
+  running state.
+* **Histories copied as far as written.** A reorder copies each row's self-attention
+  history only up to its own position, in runs of rows alike
+  (:func:`ranmt.attention.base.history_plan`), not up to the batch's oldest line.
 * **Leaving.** A sentence with ``beam`` finished hypotheses (or nothing left to extend,
   or EOS in greedy search and sampling) is answered at once and its rows leave the batch,
   as in the shrinking search (:func:`ranmt.inference.decode.beam_search`).
@@ -44,13 +48,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ranmt.attention.cache import DecoderCache, EnsembleCache
+from ranmt.attention.base import gather_histories, history_plan
+from ranmt.attention.cache import DecoderCache, EnsembleCache, HistoryPlan
 from ranmt.data.batching import pad_sources
 from ranmt.inference.decode import (
     Finished,
     best_candidates,
     caps_with_prefix,
     constrain_rows,
+    first_candidates,
     length_penalty,
     next_beams,
     output_caps,
@@ -119,6 +125,8 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
         return type(first)(**{part.name: merge_caches(getattr(first, part.name),
                                                       getattr(second, part.name), part.name)
                               for part in dataclasses.fields(first)})
+    if key == "gathered":  # buffers that reorders gather histories into: the merged
+        return {}          # histories are new tensors, the next reorder allocates anew
     if isinstance(first, dict):
         if first.keys() != second.keys():
             raise ValueError(f"cannot merge decoder caches with parts {sorted(first)} and "
@@ -129,12 +137,14 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
     return first  # ints and flags (step, group, capacity) are equal in both
 
 
-def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int) -> None:
+def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int,
+                   plan: HistoryPlan | None = None) -> None:
     """``reorder_cache(merge_caches(running, joining), rows)`` into ``running``, copying
     each of its tensors once: ``rows`` (1-D long, sorted by sentence) index the running
     cache's ``running_rows`` rows followed by the joining cache's. The memory side goes by
     sentence where it is grouped, as in ``Seq2Seq.reorder_cache``; self-attention
-    histories are gathered into ``span + 1`` slots, as that reorder gathers them."""
+    histories are gathered by ``plan`` (its runs none across the two caches' rows), by
+    default into ``span + 1`` slots."""
     first = int((rows < running_rows).sum())
     row_orders = rows[:first], rows[first:] - running_rows
     for ahead, behind in zip(running.members, joining.members):
@@ -144,26 +154,30 @@ def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int) 
             for order in row_orders)
         ahead.memory = _gather_two(ahead.memory, behind.memory, sentence_orders)
         ahead.pad_mask = _gather_two(ahead.pad_mask, behind.pad_mask, sentence_orders, True)
+        histories = plan or HistoryPlan(
+            tuple(run for run in ((0, first, ahead.span), (first, rows.numel(), ahead.span))
+                  if run[1] > run[0]), ahead.span + 1)
+        ahead.plan = None
         for layer_ahead, layer_behind in zip(ahead.layers, behind.layers):
-            for part, orders, slots in (
-                    ("self_attention", row_orders, ahead.span + 1),
-                    ("cross_attention", sentence_orders, None)):
+            for part, orders in (("self_attention", row_orders),
+                                 ("cross_attention", sentence_orders)):
                 cache_ahead, cache_behind = getattr(layer_ahead, part), getattr(layer_behind, part)
                 tensors_behind = dict(cache_behind.row_tensors())
                 for name, value in list(cache_ahead.row_tensors()):
-                    history = slots if name in ("k", "v") else None
-                    cache_ahead.set_row_tensor(name, _gather_two(
-                        value, tensors_behind[name], orders, 0, history))
+                    parts = (value, tensors_behind[name])
+                    if part == "self_attention" and name in ("k", "v"):
+                        merged = gather_histories(cache_ahead, name, tuple(zip(parts, orders)),
+                                                  histories)
+                    else:
+                        merged = _gather_two(*parts, orders)
+                    cache_ahead.set_row_tensor(name, merged)
 
 
 def _gather_two(first: Tensor, second: Tensor, orders: tuple[Tensor, Tensor],
-                pad: float | bool = 0, slots: int | None = None) -> Tensor:
+                pad: float | bool = 0) -> Tensor:
     """``torch.cat([first[orders[0]], second[orders[1]]])`` with every other dim padded with
-    ``pad`` to the larger of the two, written once into a new tensor; ``slots``: the
-    history dim (dim 2) cut or padded to that many slots instead."""
+    ``pad`` to the larger of the two, written once into a new tensor."""
     shape = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
-    if slots is not None:
-        shape[1] = slots
     out = first.new_empty(orders[0].numel() + orders[1].numel(), *shape)
     start = 0
     for part, order in zip((first, second), orders):
@@ -257,27 +271,26 @@ class ContinuousDecoder:
     def step(self) -> list[tuple[Any, Hypotheses]]:
         """Admit the waiting lines, advance every sentence by one token; returns the
         sentences that finished: (ticket, n-best ``(tokens, score)``, best first)."""
-        parts = []
+        running = joining_logprobs = None  # log-probs (rows, V); the joining: one row a line
         if self.sentences is not None:
             rows_steps = self.sentences.steps.repeat_interleave(self.beam)
             _set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
-            parts.append(self.model.decode_step(self.sentences.prev, self.cache))
+            running = self.model.decode_step(self.sentences.prev, self.cache)
         if self.waiting and self._joins_now():
-            joining, cache, logprobs = self._start(self.waiting)
+            joining, cache, joining_logprobs = self._start(self.waiting)
             self.waiting = []
-            parts.append(logprobs)
             if self.sentences is None:
                 self.sentences, self.cache = joining, cache
             else:  # the caches are merged by the reorder that ends this step
                 self._joined = (cache, self.rows)
                 self.sentences = _merge_sentences(self.sentences, joining)
-        if not parts:
+        if running is None and joining_logprobs is None:
             return []
         self.steps_taken += 1
-        logprobs = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if self.beam == 1:
-            return self._advance_greedy(logprobs)
-        return self._advance_beams(logprobs)
+        if self.beam > 1:
+            return self._advance_beams(running, joining_logprobs)
+        parts = [part for part in (running, joining_logprobs) if part is not None]
+        return self._advance_greedy(torch.cat(parts) if len(parts) > 1 else parts[0])
 
     def _joins_now(self) -> bool:
         """Whether the queued lines join at this step (see ``join_wait``)."""
@@ -294,7 +307,8 @@ class ContinuousDecoder:
 
     def _start(self, waiting) -> tuple[_Sentences, dict, Tensor]:
         """Encode the joining lines and take their first step in a cache of their own:
-        (their state, their cache, their log-probs (rows, V))."""
+        (their state, their cache, their log-probs (lines, V): one row a line, which every
+        beam of the line shares at this step)."""
         model, device, group = self.model, self.device, self.beam
         src = pad_sources([ids for _, ids, _, _ in waiting]).to(device)
         count = src.shape[0]
@@ -316,7 +330,7 @@ class ContinuousDecoder:
         if group > 1:
             beams = torch.arange(count, device=device).repeat_interleave(group)
             cache = _widen(cache, model.init_cache(memory, pad_mask, group=group), beams)
-            logprobs, prev = logprobs.index_select(0, beams), prev.index_select(0, beams)
+            prev = prev.index_select(0, beams)
         scores = torch.zeros(count, group, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive
         capacity = int(caps.max()) + 1
@@ -329,22 +343,47 @@ class ContinuousDecoder:
         return state, cache, logprobs
 
     # ------------------------------------------------------------------ the searches
-    def _constrain(self, logprobs: Tensor) -> Tensor:
-        """Length limits, fixed length and prefixes at each row's own step (in place);
-        returns the rows' steps (rows,)."""
-        state, group = self.sentences, self.beam
-        row_steps = state.steps.repeat_interleave(group)
-        prefix = None if state.prefix is None else state.prefix.repeat_interleave(group, 0)
+    def _constrain(self, logprobs: Tensor, sentences: slice = slice(None), group: int | None = None
+                   ) -> Tensor:
+        """Length limits, fixed length and prefixes at each row's own step (in place), for
+        log-probs of ``sentences`` with ``group`` rows each (the beam by default); returns
+        the rows' steps."""
+        state, group = self.sentences, self.beam if group is None else group
+        row_steps = state.steps[sentences].repeat_interleave(group)
+        prefix = state.prefix
+        if prefix is not None:
+            prefix = prefix[sentences].repeat_interleave(group, 0)
         constrain_rows(logprobs, row_steps, self.fixed_length,
-                        state.caps.repeat_interleave(group), prefix)
+                        state.caps[sentences].repeat_interleave(group), prefix)
         return row_steps
 
-    def _advance_beams(self, logprobs: Tensor) -> list[tuple[Any, Hypotheses]]:
-        """One beam-search step of every sentence: the selection of
-        :func:`ranmt.inference.decode.beam_search` with each sentence at its own step."""
+    def _candidates(self, running: Tensor | None, joining: Tensor | None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Every sentence's best 2k candidates (:func:`best_candidates`): the running
+        sentences' from their rows (rows, V), the joining lines' from their first step's
+        one row a line (:func:`first_candidates`: no copy of it per beam, and no
+        concatenation of the two parts' log-probs, only of their candidates)."""
         state, beam = self.sentences, self.beam
-        row_steps = self._constrain(logprobs)
-        top_scores, top_beams, top_tokens = best_candidates(logprobs, state.scores, beam)
+        running_count = 0 if running is None else running.shape[0] // beam
+        parts = []
+        if running is not None:
+            self._constrain(running, slice(0, running_count))
+            parts.append(best_candidates(running, state.scores[:running_count], beam))
+        if joining is not None:
+            self._constrain(joining, slice(running_count, None), group=1)
+            parts.append(first_candidates(joining, beam))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat(pair) for pair in zip(*parts))
+
+    def _advance_beams(self, running: Tensor | None, joining: Tensor | None
+                       ) -> list[tuple[Any, Hypotheses]]:
+        """One beam-search step of every sentence: the selection of
+        :func:`ranmt.inference.decode.beam_search` with each sentence at its own step;
+        log-probs of the running rows and of the joining lines (see :meth:`_candidates`)."""
+        state, beam = self.sentences, self.beam
+        top_scores, top_beams, top_tokens = self._candidates(running, joining)
+        row_steps = state.steps.repeat_interleave(beam)
         ends, extends, slots = select_candidates(top_scores, top_tokens,
                                                   state.finished.counts, beam)
         if bool(ends.any()):
@@ -361,7 +400,7 @@ class ContinuousDecoder:
         picked, next_scores = next_beams(extends, top_scores, beam)
         rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked[kept])).view(-1)
         tokens = top_tokens[kept].gather(1, picked[kept]).view(-1)
-        self._reorder(rows)
+        self._reorder(rows, kept)
         state = state.select(kept, rows)
         state.scores = next_scores[kept]
         self._write(state, row_steps.index_select(0, rows), tokens)
@@ -390,7 +429,7 @@ class ContinuousDecoder:
             if kept.numel() == 0:
                 self.sentences = self.cache = self._joined = None
                 return done
-            self._reorder(kept)
+            self._reorder(kept, kept)
             state = state.select(kept, kept)
             best = best.index_select(0, kept)
             self.sentences = state
@@ -400,15 +439,23 @@ class ContinuousDecoder:
         state.prev = best[:, None]
         return done
 
-    def _reorder(self, rows: Tensor) -> None:
-        """Keep decoder ``rows`` (sorted by sentence) of the cache; at a step where lines
-        joined, of the running and the joining caches as one (:func:`reorder_merged`: one
-        copy of the running cache instead of a merge and then a reorder)."""
+    def _reorder(self, rows: Tensor, kept: Tensor) -> None:
+        """Keep decoder ``rows`` (sorted by sentence) of the cache, those of the sentences
+        ``kept``; at a step where lines joined, of the running and the joining caches as
+        one (:func:`reorder_merged`: one copy of the running cache instead of a merge and
+        then a reorder). Self-attention histories are copied up to each row's position
+        (:func:`ranmt.attention.base.history_plan`), not to the batch's longest."""
+        written = (self.sentences.steps.index_select(0, kept) + 1).tolist()
         if self._joined is None:
+            plan = history_plan(written, self.beam)
+            for member in self.cache.members:
+                member.plan = plan
             self.model.reorder_cache(self.cache, rows)
         else:
             joining, running_rows = self._joined
-            reorder_merged(self.cache, joining, rows, running_rows)
+            split = int((kept < running_rows // self.beam).sum())
+            reorder_merged(self.cache, joining, rows, running_rows,
+                           history_plan(written, self.beam, split))
             self._joined = None
 
     def _draw(self, logprobs: Tensor, generators: list) -> tuple[Tensor, Tensor]:

@@ -363,6 +363,22 @@ def best_candidates(logprobs: Tensor, beam_scores: Tensor, beam: int
     return top_scores, top_beams, top_tokens
 
 
+def first_candidates(logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`best_candidates` of a first step taken with one row a sentence, log-probs
+    (n, V): what it returns for those rows repeated ``beam`` times with beam scores
+    (0, -inf, ..., -inf), without the (n * beam, V) copy. The candidates of beams 1.. are
+    -inf either way, so the top-k runs over the same values in the same places and returns
+    the same result, ties included."""
+    width = min(2 * beam, logprobs.shape[-1])
+    row_scores, row_tokens = row_topk(logprobs, width)  # (n, 2k)
+    candidates = row_scores.new_full((row_scores.shape[0], beam * width), float("-inf"))
+    candidates[:, :width] = row_scores
+    top_scores, top_ids = candidates.topk(min(2 * beam, beam * width), dim=1)  # (n, 2k)
+    top_beams = torch.div(top_ids, width, rounding_mode="floor")
+    top_tokens = row_tokens.repeat(1, beam).gather(1, top_ids)  # every beam's row alike
+    return top_scores, top_beams, top_tokens
+
+
 def _first_beams(batch: int, beam: int, capacity: int, device) -> tuple[Tensor, Tensor, Tensor]:
     """The beams before the first step: scores (B, beam) (all beams start identical, so only
     the first is alive), token histories (B*beam, capacity), previous tokens (B*beam, 1)."""

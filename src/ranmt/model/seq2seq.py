@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
-from ranmt.attention.base import shares_masks
+from ranmt.attention.base import shares_masks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
@@ -192,12 +192,16 @@ class Seq2Seq(nn.Module):
         if sentence_order is not None:
             cache.memory = cache.memory.index_select(0, sentence_order)
             cache.pad_mask = cache.pad_mask.index_select(0, sentence_order)
-        # Rows at their own positions (step-level batching): histories gathered into
-        # span + 1 slots; not where every sentence keeps its place (the sync-free search,
-        # CUDA graphs), whose histories keep their shape.
-        span = cache.span if cache.positions is not None and not within_groups else None
+        # Rows at their own positions (step-level batching): histories gathered by the
+        # cache's plan (each row's written slots), or into span + 1 slots; not where every
+        # sentence keeps its place (the sync-free search, CUDA graphs), whose histories
+        # keep their shape.
+        plan = None
+        if cache.positions is not None and not within_groups:
+            plan = cache.plan or whole_span_plan(order.numel(), cache.span)
+            cache.plan = None
         for layer_cache in cache.layers:
-            reorder_cache(layer_cache.self_attention, order, span)
+            reorder_cache(layer_cache.self_attention, order, plan)
             if group == 1:
                 reorder_cache(layer_cache.cross_attention, order)
             elif sentence_order is not None:

@@ -220,7 +220,7 @@ def _gathered_view(cache: AttentionCache, name: str, shape: tuple[int, ...], lik
         buffers = cache.gathered[name] = StaticHistory((empty, empty))
     spare = 1 - buffers.in_buffer
     if buffers.buffers[spare].numel() < size or buffers.buffers[spare].dtype != like.dtype:
-        grown = like.new_zeros(size + size // 4)  # room for a few more rows or slots
+        grown = like.new_zeros(size + size // 2)  # room for more rows or slots: few growths
         buffers.buffers = ((grown, buffers.buffers[1]) if spare == 0
                            else (buffers.buffers[0], grown))
     buffers.in_buffer = spare

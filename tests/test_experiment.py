@@ -74,8 +74,13 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
         row = f"{evaluated['bleu']:.2f}"
         assert row in markdown
 
-    # Interrupt: the RAN-ALL cell lost its result; rerunning recomputes only that cell.
+    # Each cell records the machine it finished on.
+    from ranmt.runtime.precision import cpu_description
+
     transf_cell = exp / "runs/reverse/TransF/seed1/cell.json"
+    assert json.loads(transf_cell.read_text())["machine"] == {"cpu": cpu_description(),
+                                                               "device": "cpu"}
+    # Interrupt: the RAN-ALL cell lost its result; rerunning recomputes only that cell.
     before = transf_cell.stat().st_mtime_ns
     (exp / "runs/reverse/RAN-ALL/seed1/cell.json").unlink()
     calls = _count_trainings(monkeypatch)

@@ -12,6 +12,8 @@ import socket
 import time
 from pathlib import Path
 
+import torch
+
 from ranmt.config import ConfigError, to_dict
 from ranmt.data.corpus import load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
@@ -21,6 +23,7 @@ from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
 from ranmt.experiment.spec import Cell, Dataset
 from ranmt.inference.translator import Translator
+from ranmt.runtime.precision import cpu_description
 from ranmt.training.train import train
 
 
@@ -104,6 +107,7 @@ def run_cell(cell: Cell, data_dir: Path, log) -> dict:
               "checkpoint": str(translator.checkpoint_dir), "train": summary,
               "parameters": summary["parameters"], "tests": tests,
               "config": to_dict(translator.config),
+              "machine": machine_description(translator.device),
               "wall_seconds": time.monotonic() - started}
     warm_file = run_dir / "warm_start.json"
     if warm_file.is_file():  # steps 1..N came from another grid's cell (find_warm_start)
@@ -113,6 +117,15 @@ def run_cell(cell: Cell, data_dir: Path, log) -> dict:
         shutil.copyfile(log_file, cell_dir / "train.log")
     cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
+
+
+def machine_description(device) -> dict:
+    """What a cell finished on (its last training run and its decoding): the CPU's model
+    and bf16/VNNI/AMX flags (``cpu_description``), and the GPU where it decoded on one."""
+    machine = {"cpu": cpu_description(), "device": str(device)}
+    if torch.device(device).type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return machine
 
 
 def _pid_alive(pid: int) -> bool:

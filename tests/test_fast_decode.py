@@ -8,6 +8,8 @@ mode must give exactly L tokens per hypothesis.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from ranmt.attention import REGISTRY, reorder_cache
 from ranmt.attention.base import cache_append
 from ranmt.attention.cache import AttentionCache
 from ranmt.inference.decode import (
+    Finished,
     beam_search,
     beam_search_reference,
     best_candidates,
@@ -211,3 +214,140 @@ def test_a_mistyped_cache_part_is_an_error():
         cache_append(cache.layers[0].self_attention, "q", torch.zeros(2, 1, 1, 4))
     model.decode_step(torch.full((2, 1), 2), cache)
     assert cache.step == 1 and cache.layers[0].self_attention.k.shape[2] == 1
+
+
+def test_fixed_length_up_to_the_models_last_position():
+    """``fixed_length`` may be ``max_positions - 1``, the longest output a model can write;
+    the fast searches equal the reference there."""
+    model, _ = tiny_model(seed=2, **{"model.max_positions": 24})
+    src, _ = random_batch(batch=2, seed=2)
+    length = model.config.max_positions - 1
+    for beam in (1, 3):
+        fast = search(model, src, beam, nbest=beam, fixed_length=length)
+        assert_same_hypotheses(fast, search(model, src, beam, nbest=beam, fixed_length=length,
+                                            reference=True))
+        assert all(len(tokens) == length for hyps in fast for tokens, _ in hyps)
+
+
+def test_an_explicit_length_limit_caps_the_fast_searches_as_the_reference():
+    """``limit`` below the model's: no hypothesis longer, and the same hypotheses as the
+    reference searches with that limit (without it some are longer)."""
+    model, _ = tiny_model(seed=4)
+    src, _ = random_batch(batch=3, seed=4)
+    args = dict(max_len_a=2.0, max_len_b=6)
+    free = beam_search(model, src, beam=3, nbest=3, **args)
+    assert max(len(tokens) for hyps in free for tokens, _ in hyps) > 3
+    capped = beam_search(model, src, beam=3, nbest=3, limit=3, **args)
+    assert max(len(tokens) for hyps in capped for tokens, _ in hyps) <= 3
+    assert_same_hypotheses(capped, beam_search_reference(model, src, beam=3, nbest=3, limit=3,
+                                                         **args))
+    greedy = greedy_search(model, src, limit=2, **args)
+    assert max(len(tokens) for hyps in greedy for tokens, _ in hyps) <= 2
+    assert_same_hypotheses(greedy, greedy_search_reference(model, src, limit=2, **args))
+
+
+def test_finished_nbest_of_a_sentence_without_hypotheses():
+    """A sentence that finished nothing gets one empty hypothesis at -inf (as the reference
+    search answers it), the others theirs, best first."""
+    finished = Finished(2, 3, 5, torch.device("cpu"))
+    finished.add(torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([-2.5, -1.5]),
+                 torch.tensor([[7, 8], [9, 10]]))
+    finished.counts[0] = 2
+    assert finished.nbest(3) == [[([9, 10], -1.5), ([7, 8], -2.5)], [([], -math.inf)]]
+
+
+def test_search_runs_the_documented_implementation_with_every_option(monkeypatch):
+    """``search`` on a CPU: greedy for beam 1, the shrinking beam search otherwise, the
+    reference with ``reference``, the sync-free searches with ``sync_free`` or ``graphs``;
+    the prefix, the n-best count and the sync-free options reach the implementation."""
+    from ranmt.inference import decode
+
+    calls = []
+    names = ("greedy_search", "beam_search", "greedy_search_reference",
+             "beam_search_reference", "greedy_search_sync_free", "beam_search_sync_free")
+
+    def spying(name, implementation):
+        def spy(*args, **kwargs):
+            calls.append((name, kwargs))
+            return implementation(*args, **kwargs)
+        return spy
+
+    for name in names:
+        monkeypatch.setattr(decode, name, spying(name, getattr(decode, name)))
+    model, _ = tiny_model(seed=1)
+    src, _ = random_batch(batch=2, seed=1)
+    prefix = torch.tensor([[5, 6], [7, 0]])
+    cases = [(dict(beam=1), "greedy_search", {}),
+             (dict(beam=2), "beam_search", {}),
+             (dict(beam=1, reference=True), "greedy_search_reference", {}),
+             (dict(beam=3, reference=True), "beam_search_reference", {}),
+             (dict(beam=1, sync_free=True, check_every=3), "greedy_search_sync_free",
+              {"check_every": 3, "graphs": False}),
+             (dict(beam=3, graphs=True), "beam_search_sync_free",
+              {"check_every": 8, "graphs": True})]
+    for args, name, forwarded in cases:
+        calls.clear()
+        results = decode.search(model, src, prefix=prefix, **args)
+        assert [called for called, _ in calls] == [name]
+        kwargs = calls[0][1]
+        assert kwargs["prefix"] is prefix
+        assert {key: kwargs.get(key) for key in forwarded} == forwarded
+        assert [len(hyps) for hyps in results] == [1, 1]  # nbest 1 by default
+        assert [hyps[0][0][:1] for hyps in results] == [[5], [7]]
+
+
+def test_graphs_go_only_with_the_sync_free_search():
+    model, _ = tiny_model()
+    src, _ = random_batch(batch=2)
+    message = ("graphs replay the sync-free search's step: not with the reference or the "
+               "shrinking search")
+    for options in (dict(reference=True), dict(sync_free=False)):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            search(model, src, 2, graphs=True, **options)
+
+
+def test_search_defaults_are_the_decoding_configs():
+    """The searches' keyword defaults (a caller of the Python functions gets them) are
+    ``DecodeConfig``'s, the one declaration of the decoding options."""
+    import inspect
+
+    from ranmt.config import DecodeConfig
+    from ranmt.inference import decode
+    from ranmt.inference.continuous import ContinuousDecoder
+
+    config = DecodeConfig()
+    functions = [decode.search, decode.beam_search, decode.beam_search_reference,
+                 decode.beam_search_sync_free, decode.greedy_search,
+                 decode.greedy_search_reference, decode.greedy_search_sync_free,
+                 ContinuousDecoder.__init__]
+    checked = 0
+    for function in functions:
+        for name, parameter in inspect.signature(function).parameters.items():
+            if hasattr(config, name) and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == getattr(config, name), (function.__name__, name)
+                checked += 1
+    assert checked >= 25
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_prefix_longer_than_the_length_limit_is_written_whole(reference):
+    """The length limit is raised to the prefix length (every search): with a * |src| + b
+    = 2 tokens, a 4-token prefix is written whole, in beam and greedy search."""
+    model, _ = tiny_model(seed=6)
+    src, _ = random_batch(batch=2, seed=6)
+    prefix = torch.tensor([[5, 6, 7, 8], [9, 0, 0, 0]])
+    for beam in (1, 3):
+        results = search(model, src, beam, nbest=beam, max_len_a=0.0, max_len_b=2,
+                         prefix=prefix, reference=reference)
+        assert all(tokens[:4] == [5, 6, 7, 8] for tokens, _ in results[0])
+        assert all(tokens[:1] == [9] and len(tokens) <= 2 for tokens, _ in results[1])
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_fixed_length_past_the_model_is_an_error_in_every_search(reference):
+    model, _ = tiny_model()
+    src, _ = random_batch(batch=2)
+    for beam in (1, 2):
+        with pytest.raises(ValueError, match="fixed length"):
+            search(model, src, beam, fixed_length=model.config.max_positions,
+                   reference=reference)

@@ -351,3 +351,10 @@ def test_fixed_length_past_the_model_is_an_error_in_every_search(reference):
         with pytest.raises(ValueError, match="fixed length"):
             search(model, src, beam, fixed_length=model.config.max_positions,
                    reference=reference)
+
+
+def test_a_beam_below_one_is_an_error():
+    model, _ = tiny_model()
+    src, _ = random_batch(batch=1)
+    with pytest.raises(ValueError, match="^beam size must be >= 1, not 0$"):
+        search(model, src, 0)

@@ -138,13 +138,12 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
 
 
 def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int,
-                   plan: HistoryPlan | None = None) -> None:
+                   plan: HistoryPlan) -> None:
     """``reorder_cache(merge_caches(running, joining), rows)`` into ``running``, copying
     each of its tensors once: ``rows`` (1-D long, sorted by sentence) index the running
     cache's ``running_rows`` rows followed by the joining cache's. The memory side goes by
     sentence where it is grouped, as in ``Seq2Seq.reorder_cache``; self-attention
-    histories are gathered by ``plan`` (its runs none across the two caches' rows), by
-    default into ``span + 1`` slots."""
+    histories are gathered by ``plan`` (its runs none across the two caches' rows)."""
     first = int((rows < running_rows).sum())
     row_orders = rows[:first], rows[first:] - running_rows
     for ahead, behind in zip(running.members, joining.members):
@@ -154,9 +153,6 @@ def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int,
             for order in row_orders)
         ahead.memory = _gather_two(ahead.memory, behind.memory, sentence_orders)
         ahead.pad_mask = _gather_two(ahead.pad_mask, behind.pad_mask, sentence_orders, True)
-        histories = plan or HistoryPlan(
-            tuple(run for run in ((0, first, ahead.span), (first, rows.numel(), ahead.span))
-                  if run[1] > run[0]), ahead.span + 1)
         ahead.plan = None
         for layer_ahead, layer_behind in zip(ahead.layers, behind.layers):
             for part, orders in (("self_attention", row_orders),
@@ -167,7 +163,7 @@ def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int,
                     parts = (value, tensors_behind[name])
                     if part == "self_attention" and name in ("k", "v"):
                         merged = gather_histories(cache_ahead, name, tuple(zip(parts, orders)),
-                                                  histories)
+                                                  plan)
                     else:
                         merged = _gather_two(*parts, orders)
                     cache_ahead.set_row_tensor(name, merged)

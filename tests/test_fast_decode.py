@@ -358,3 +358,44 @@ def test_a_beam_below_one_is_an_error():
     src, _ = random_batch(batch=1)
     with pytest.raises(ValueError, match="^beam size must be >= 1, not 0$"):
         search(model, src, 0)
+
+
+@pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
+def test_beam_one_called_directly_is_greedy(implementation):
+    """``search`` sends beam 1 to greedy decoding; the beam searches themselves, given beam 1,
+    pick the same tokens, and without a length penalty the same scores (the summed
+    log-probabilities)."""
+    from ranmt.inference.decode import beam_search_sync_free
+
+    searches = {"fast": beam_search, "reference": beam_search_reference,
+                "sync_free": beam_search_sync_free}
+    for arch in ("transf", "ran-all"):
+        model, _ = tiny_model(seed=6, **{"model.arch": arch})
+        with torch.no_grad():
+            model.decoder.embedder.tokens.weight[EOS_ID] *= 3.0  # lengths differ
+        src, _ = random_batch(batch=5, src_len=9, seed=6)
+        greedy = greedy_search_reference(model, src, 1.5, 4)
+        assert len({len(hyps[0][0]) for hyps in greedy}) > 1
+        assert_same_hypotheses(searches[implementation](model, src, beam=1, lenpen=0.0,
+                                                        max_len_a=1.5, max_len_b=4),
+                               greedy)
+
+
+@pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
+def test_a_sentence_that_can_extend_nothing_gets_the_empty_hypothesis_at_minus_inf(
+        implementation, monkeypatch):
+    """Every token impossible from the first step (log-probabilities all -inf): no beam
+    search invents a hypothesis; each answers ``[([], -inf)]`` per sentence."""
+    from ranmt.inference.decode import beam_search_sync_free
+
+    searches = {"fast": beam_search, "reference": beam_search_reference,
+                "sync_free": beam_search_sync_free}
+    model, _ = tiny_model(seed=7)
+    real_step = model.decode_step
+
+    def impossible(prev, cache):
+        logprobs = real_step(prev, cache)
+        return torch.full_like(logprobs, float("-inf"))
+    monkeypatch.setattr(model, "decode_step", impossible)
+    src, _ = random_batch(batch=3, seed=7)
+    assert searches[implementation](model, src, beam=3, nbest=2) == [[([], -math.inf)]] * 3

@@ -399,3 +399,28 @@ def test_a_sentence_that_can_extend_nothing_gets_the_empty_hypothesis_at_minus_i
     monkeypatch.setattr(model, "decode_step", impossible)
     src, _ = random_batch(batch=3, seed=7)
     assert searches[implementation](model, src, beam=3, nbest=2) == [[([], -math.inf)]] * 3
+
+
+@pytest.mark.parametrize("implementation", ["beam_search", "beam_search_reference",
+                                            "greedy_search", "greedy_search_reference",
+                                            "beam_search_sync_free", "greedy_search_sync_free"])
+def test_every_search_makes_its_tensors_on_the_sources_device(implementation):
+    """A tensor made on the default device instead of the source's would cost a copy or fail
+    on a GPU. With the default device set to ``meta`` (tensors without values, on a device
+    of their own) a CPU search that made one would mix devices and fail: every search, over
+    every decoder-side variant (and with prefixes and a fixed length), answers as it does
+    without."""
+    import ranmt.inference.decode as decode
+
+    fn = getattr(decode, implementation)
+    beam = {} if "greedy" in implementation else {"beam": 3, "nbest": 2}
+    src, _ = random_batch(batch=4, seed=8)
+    prefix = torch.tensor([[5, 6, 0], [7, 0, 0], [0, 0, 0], [8, 9, 10]])
+    for self_attention, cross in DECODERS:
+        model = _model(self_attention, cross, seed=8)
+        # prefixes and fixed lengths go through code shared by every variant: one is enough
+        extra = ({"prefix": prefix}, {"fixed_length": 5}) if self_attention == cross else ()
+        for options in ({}, *extra):
+            expected = fn(model, src, **beam, **options)
+            with torch.device("meta"):
+                assert fn(model, src, **beam, **options) == expected

@@ -311,3 +311,22 @@ def test_ran_weights_of_rows_at_their_own_positions():
     assert out.weights.shape == (4, probs.shape[0], 1, 4)
     for row, position in enumerate(positions.tolist()):
         assert torch.equal(out.weights[row, :, 0], probs[:, position, :4])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_step_level_decoding_makes_its_tensors_on_the_models_device(beam):
+    """As for the searches (``test_fast_decode``): with the default device set to ``meta``
+    a tensor made on it instead of the model's device would mix devices and fail; lines
+    joining, leaving, with prefixes and a fixed length decode as they do without, over
+    every decoder-side variant."""
+    waves = [_lines(3, 11, 4, 8), _lines(3, 12, 1, 10)]
+    for self_attention, cross in DECODERS:
+        model = _model(self_attention, cross, 5)
+        for options in ({}, {"fixed_length": 6}):
+            args = dict(beam=beam, max_len_a=1.5, max_len_b=4, nbest=beam, join_wait=1,
+                        **options)
+            prefixes = {1: [5, 6], 4: [7]}
+            expected = _staggered(ContinuousDecoder(model, **args), waves, 2, prefixes)
+            with torch.device("meta"):
+                got = _staggered(ContinuousDecoder(model, **args), waves, 2, prefixes)
+            assert got == expected

@@ -221,10 +221,10 @@ def pad_sources(seqs: list[np.ndarray] | list[list[int]],
     rows = len(seqs)
     if shape is not None:
         rows, width = _check_shape(shape, len(seqs), width)
-    out = torch.full((rows, width), PAD, dtype=torch.long)
+    out = torch.full((rows, width), PAD, dtype=torch.long, device="cpu")  # on the host
     out[len(seqs):, 0] = EOS
     for row, seq in enumerate(seqs):
-        out[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64))
+        out[row, : len(seq)] = torch.as_tensor(np.asarray(seq, dtype=np.int64), device="cpu")
         out[row, len(seq)] = EOS
     return out
 

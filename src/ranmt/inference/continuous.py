@@ -311,9 +311,10 @@ class ContinuousDecoder:
         prefix = None
         if any(prefix for _, _, prefix, _ in waiting):
             width = max(len(prefix) for _, _, prefix, _ in waiting)
-            prefix = torch.full((count, width), PAD_ID, dtype=torch.long)
-            for row, (_, _, tokens, _) in enumerate(waiting):
-                prefix[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            prefix = torch.full((count, width), PAD_ID, dtype=torch.long, device="cpu")
+            for row, (_, _, tokens, _) in enumerate(waiting):  # built on the host, copied once
+                prefix[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long,
+                                                          device="cpu")
             prefix = prefix.to(device)
         caps = output_caps(src, self.max_len_a, self.max_len_b, self.limit, self.fixed_length)
         caps = caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)

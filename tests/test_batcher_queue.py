@@ -245,3 +245,15 @@ def test_queue_gauges_and_decoding_errors_reach_the_metrics():
         assert value("ranmt_queue_requests", model="m1") == 0
         assert isinstance(job.future.exception(), RuntimeError)
     _in_loop(scenario)
+
+
+def test_refusal_before_tokenizing_counts_the_fewest_tokens_the_request_can_hold():
+    """``refuse_if_full(fewest)``: refused when the queue plus ``fewest`` would pass the
+    limit (at the limit: taken), as ``submit`` would refuse it."""
+    def scenario(loop):
+        batcher = _batcher(max_queued_tokens=10)
+        batcher.submit([[1, 2, 3, 4]], GREEDY, timeout_s=5)  # 5 queued
+        batcher.refuse_if_full(5)  # 10: exactly the limit
+        with pytest.raises(QueueFullError):
+            batcher.refuse_if_full(6)
+    _in_loop(scenario)

@@ -332,9 +332,20 @@ def test_a_started_job_is_waited_for_past_its_deadline_and_its_clients_leaving()
         job = batcher.submit([[1], [2]], GREEDY, timeout_s=0.05)
         batcher.take_batch(loop.time())  # started: it will be answered
         client = Client(after=1)
-        waiting = asyncio.create_task(wait_for_job(batcher, job, client, poll_s=0.01))
-        await asyncio.sleep(0.3)  # past the deadline, the client gone
+        waits = []
+        real_wait = asyncio.wait
+
+        async def counted_wait(futures, timeout=None):
+            waits.append(timeout)
+            return await real_wait(futures, timeout=timeout)
+        batching.asyncio.wait = counted_wait
+        try:
+            waiting = asyncio.create_task(wait_for_job(batcher, job, client, poll_s=0.1))
+            await asyncio.sleep(0.35)  # past the deadline, the client gone
+        finally:
+            batching.asyncio.wait = real_wait
         assert not waiting.done() and not job.dropped and client.asked == 0
+        assert set(waits) == {0.1} and len(waits) <= 5  # polled every poll_s, not spinning
         job.future.set_result(["a", "b"])
         assert await asyncio.wait_for(waiting, timeout=5) == ["a", "b"]
     _run(main)

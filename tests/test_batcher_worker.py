@@ -622,3 +622,25 @@ def test_a_model_without_a_name_is_called_model(cls):
         with pytest.raises(batching.QueueFullError, match="^model 'model' is busy"):
             batcher.submit([[1]], GREEDY, timeout_s=60)
     _run(main)
+
+
+def test_a_new_batcher_has_nothing_queued_decoding_or_in_flight():
+    """The counters the server reads (``/health``) and increments start at zero."""
+    batcher, _ = _step_batcher()
+    assert (batcher.in_flight, batcher.requests, batcher.batches, batcher.steps) == (0, 0, 0, 0)
+    assert (batcher.queued_tokens, batcher.queued_requests, batcher.tokens_per_s) == (0, 0, 0.0)
+    assert (batcher.decoding_lines, batcher.decoding_tokens, batcher.express_tokens) == (0, 0, 0)
+
+
+def test_a_client_gone_is_noticed_within_the_default_poll():
+    """The server waits with the default poll (50 ms): a client that left is noticed
+    within a fraction of a second, its job dropped."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(FakeTranslator(), ServeLimits(),
+                          concurrent.futures.ThreadPoolExecutor(1))
+        job = batcher.submit([[1, 2]], GREEDY, timeout_s=60)
+        started = loop.time()
+        assert await wait_for_job(batcher, job, Client(after=1)) is None
+        assert loop.time() - started < 0.5 and job.dropped
+    _run(main)

@@ -424,3 +424,18 @@ def test_every_search_makes_its_tensors_on_the_sources_device(implementation):
             expected = fn(model, src, **beam, **options)
             with torch.device("meta"):
                 assert fn(model, src, **beam, **options) == expected
+
+
+def test_every_search_answers_python_ints_and_floats():
+    """Tokens go on to the detokenizer and JSON: ints, not floats that compare equal to
+    them (a float history, concatenated with int tokens, would make every token a float)."""
+    import ranmt.inference.decode as decode
+
+    model, _ = tiny_model(seed=9)
+    src, _ = random_batch(batch=3, seed=9)
+    for name in ("beam_search", "beam_search_reference", "beam_search_sync_free",
+                 "greedy_search", "greedy_search_reference", "greedy_search_sync_free"):
+        beam = {} if "greedy" in name else {"beam": 2, "nbest": 2}
+        results = getattr(decode, name)(model, src, **beam)
+        assert all(type(token) is int and type(score) is float
+                   for hyps in results for tokens, score in hyps for token in tokens), name

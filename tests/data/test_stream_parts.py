@@ -112,3 +112,119 @@ def test_chunk_encoder_needs_a_worker():
 
     with pytest.raises(ValueError, match="--workers must be at least 1, not 0"):
         ChunkEncoder("a.model", "b.model", workers=0)
+
+
+class _FakeResult:
+    def __init__(self, pool, fn, args):
+        self.pool, self.fn, self.args = pool, fn, args
+
+    def get(self):
+        self.pool.in_flight -= 1
+        return self.fn(*self.args)
+
+
+class _FakePool:
+    """What ``ChunkEncoder`` asks of a process pool, recorded; work runs at ``get``."""
+
+    def __init__(self, processes, initializer=None, initargs=()):
+        self.processes, self.initializer, self.initargs = processes, initializer, initargs
+        self.in_flight = self.most_in_flight = 0
+        self.events: list[str] = []
+
+    def apply_async(self, fn, args):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return _FakeResult(self, fn, args)
+
+    def close(self):
+        self.events.append("close")
+
+    def terminate(self):
+        self.events.append("terminate")
+
+    def join(self):
+        self.events.append("join")
+
+
+@pytest.fixture()
+def fake_pools(monkeypatch):
+    """``multiprocessing`` contexts replaced: (the start methods asked for, the pools made);
+    chunks are 'encoded' to their line counts, models loaded in this process recorded."""
+    from ranmt.data import stream
+
+    asked, pools, loaded = [], [], []
+
+    class Context:
+        def Pool(self, *args, **kwargs):  # noqa: N802 (multiprocessing's name)
+            pools.append(_FakePool(*args, **kwargs))
+            return pools[-1]
+
+    def get_context(method):
+        asked.append(method)
+        return Context()
+    monkeypatch.setattr(stream.multiprocessing, "get_context", get_context)
+    monkeypatch.setattr(stream, "encode_chunk", lambda src, tgt: (len(src), len(tgt)))
+    monkeypatch.setattr(stream, "_load_worker", lambda *models: loaded.append(models))
+    return asked, pools, loaded
+
+
+def test_one_worker_encodes_here_and_more_in_a_spawned_pool_of_that_many(fake_pools):
+    """Workers are spawned (they import numpy and SentencePiece, not the caller's torch),
+    exactly ``workers`` of them, each loading both models; one worker needs no pool."""
+    from ranmt.data.stream import ChunkEncoder, _load_worker
+
+    asked, pools, loaded = fake_pools
+    with ChunkEncoder("s.model", "t.model", workers=1) as encoder:
+        assert encoder.pool is None and loaded == [("s.model", "t.model")]
+        assert list(encoder.map([(0, ["a"], ["b"])])) == [(0, ["a"], ["b"], (1, 1))]
+    assert asked == [] and pools == []
+    with ChunkEncoder("s.model", "t.model", workers=2) as encoder:
+        assert asked == ["spawn"] and encoder.pool is pools[0]
+        assert (pools[0].processes, pools[0].initargs) == (2, ("s.model", "t.model"))
+        assert pools[0].initializer is _load_worker
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_at_most_twice_the_workers_chunks_are_in_flight_in_order(fake_pools, workers):
+    from ranmt.data.stream import ChunkEncoder
+
+    _, pools, _ = fake_pools
+    chunks = [(tag, ["x"] * tag, ["y"] * (tag + 1)) for tag in range(11)]
+    with ChunkEncoder("s.model", "t.model", workers=workers) as encoder:
+        out = list(encoder.map(chunks))
+    assert out == [(tag, src, tgt, (tag, tag + 1)) for tag, src, tgt in chunks]
+    assert pools[0].most_in_flight == 2 * workers and pools[0].in_flight == 0
+
+
+def test_the_pool_is_closed_after_success_and_terminated_after_an_error(fake_pools):
+    from ranmt.data.stream import ChunkEncoder
+
+    _, pools, _ = fake_pools
+    with ChunkEncoder("s.model", "t.model", workers=2):
+        pass
+    with pytest.raises(RuntimeError), ChunkEncoder("s.model", "t.model", workers=2):
+        raise RuntimeError("interrupted")
+    assert [pool.events for pool in pools] == [["close", "join"], ["terminate", "join"]]
+
+
+def test_a_split_of_empty_lines_has_longest_zero_and_writes_valid_arrays(tmp_path):
+    import numpy as np
+
+    from ranmt.data.stream import TokenWriter
+
+    writer = TokenWriter(tmp_path / "train.en")
+    writer.write(np.zeros(0, dtype=np.int32), np.zeros(3, dtype=np.int64))
+    writer.close()
+    assert (writer.longest, writer.count, writer.total) == (0, 3, 0)
+    assert np.load(tmp_path / "train.en.offsets.npy").tolist() == [0, 0, 0, 0]
+    assert np.load(tmp_path / "train.en.tokens.npy").shape == (0,)
+
+
+def test_a_npy_header_of_another_size_is_an_error_naming_it(tmp_path, monkeypatch):
+    from ranmt.data.stream import TokenWriter
+
+    monkeypatch.setattr(TokenWriter, "HEADER", 64)
+    writer = TokenWriter(tmp_path / "train.en")
+    with pytest.raises(AssertionError, match=r"^unexpected \.npy header size 128$"):
+        writer.close()
+    writer.abort()

@@ -174,7 +174,7 @@ def test_one_worker_encodes_here_and_more_in_a_spawned_pool_of_that_many(fake_po
     from ranmt.data.stream import ChunkEncoder, _load_worker
 
     asked, pools, loaded = fake_pools
-    with ChunkEncoder("s.model", "t.model", workers=1) as encoder:
+    with ChunkEncoder("s.model", "t.model") as encoder:  # one worker unless told
         assert encoder.pool is None and loaded == [("s.model", "t.model")]
         assert list(encoder.map([(0, ["a"], ["b"])])) == [(0, ["a"], ["b"], (1, 1))]
     assert asked == [] and pools == []

@@ -60,6 +60,13 @@ def _metrics():
     return metrics, value
 
 
+def _batcher(translator=None, metrics=None, name: str = "model", **limits) -> Batcher:
+    """A batch-level batcher over ``translator`` (a new :class:`FakeTranslator` by default)
+    with one decoding thread."""
+    return Batcher(translator or FakeTranslator(), ServeLimits(**limits),
+                   concurrent.futures.ThreadPoolExecutor(1), metrics, name=name)
+
+
 def _run(main):
     return asyncio.run(asyncio.wait_for(main(), timeout=15))
 
@@ -87,8 +94,7 @@ def test_work_runs_a_translation_with_its_options_and_a_scoring_with_its_targets
 def test_the_worker_decodes_waiting_jobs_in_one_batch_and_answers_each_line_in_place():
     async def main():
         translator = FakeTranslator()
-        batcher = Batcher(translator, ServeLimits(), concurrent.futures.ThreadPoolExecutor(1),
-                          name="m1")
+        batcher = _batcher(translator, name="m1")
         first = batcher.submit([[1, 2, 3], [4]], GREEDY, timeout_s=60)
         second = batcher.submit([[5, 6]], GREEDY, timeout_s=60)
         results = await _serve(batcher, first, second)
@@ -123,7 +129,7 @@ def test_decoding_runs_in_the_servers_decoding_thread():
 def test_prefixes_go_per_line_and_lines_of_a_job_without_them_get_none():
     async def main():
         translator = FakeTranslator()
-        batcher = Batcher(translator, ServeLimits(), concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher(translator)
         with_prefix = batcher.submit([[1, 1], [2]], GREEDY, timeout_s=60, extras=[[8], [9, 9]])
         without = batcher.submit([[3]], GREEDY, timeout_s=60)
         await _serve(batcher, with_prefix, without)
@@ -136,8 +142,7 @@ def test_the_first_rate_is_measured_and_later_ones_averaged_three_tenths_new(mon
                         FakeClock(10.0, 12.0, 20.0, 20.5, 30.0, 30.0))
 
     async def main():
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         loop = asyncio.get_running_loop()
         batcher.submit([[1, 2, 3], [4]], GREEDY, timeout_s=60)  # 4 + 2 source tokens
         await batcher._decode(loop, batcher.take_batch(loop.time()))
@@ -157,8 +162,7 @@ def test_batch_sizes_and_decoded_tokens_reach_the_metrics_scoring_decodes_none()
     metrics, value = _metrics()
 
     async def main():
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1), metrics, name="m1")
+        batcher = _batcher(metrics=metrics, name="m1")
         translation = batcher.submit([[1, 2, 3], [4]], GREEDY, timeout_s=60)
         await _serve(batcher, translation)
         assert value("ranmt_batch_sentences_count") == 1
@@ -178,8 +182,7 @@ def test_a_failed_batch_fails_its_jobs_and_the_worker_goes_on():
     async def main():
         error = RuntimeError("out of memory")
         translator = FakeTranslator(fail=error)
-        batcher = Batcher(translator, ServeLimits(), concurrent.futures.ThreadPoolExecutor(1),
-                          metrics, name="m1")
+        batcher = _batcher(translator, metrics, name="m1")
         first = batcher.submit([[1], [2]], GREEDY, timeout_s=60)
         assert await _serve(batcher, first) == [error]
         assert value("ranmt_errors_total", kind="decoding") == 1
@@ -205,19 +208,21 @@ def _record_sleeps(monkeypatch) -> list[float]:
     return asked
 
 
-def test_the_batch_window_counts_from_the_oldest_waiting_job(monkeypatch):
+@pytest.mark.parametrize(("older_age", "asked_for"), [(10.0, [90.0]), (200.0, [])])
+def test_the_batch_window_counts_from_the_oldest_waiting_job(monkeypatch, older_age,
+                                                             asked_for):
+    """A 100 s window, the older job waiting 10 s: 90 s left; waiting 200 s: none."""
     asked = _record_sleeps(monkeypatch)
 
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(batch_window_ms=100_000),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher(batch_window_ms=100_000)
         newer = batcher.submit([[1]], GREEDY, timeout_s=600)
         older = batcher.submit([[2]], GREEDY, timeout_s=600)
-        older.arrived = loop.time() - 10  # arrived 10 s ago: 90 s of the window left
+        older.arrived = loop.time() - older_age
         newer.arrived = loop.time()
         await batcher._wait_for_work(loop)
-        assert asked == [pytest.approx(90.0, abs=0.05)]
+        assert asked == [pytest.approx(delay, abs=0.05) for delay in asked_for]
     _run(main)
 
 
@@ -227,9 +232,7 @@ def test_a_full_batch_waiting_does_not_wait_for_the_window(monkeypatch, queued, 
 
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(batch_window_ms=1000,
-                                                        max_batch_tokens=10),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher(batch_window_ms=1000, max_batch_tokens=10)
         batcher.submit([[1] * (queued - 1)], GREEDY, timeout_s=600)
         assert batcher.queued_tokens == queued
         await batcher._wait_for_work(loop)
@@ -239,25 +242,10 @@ def test_a_full_batch_waiting_does_not_wait_for_the_window(monkeypatch, queued, 
     _run(main)
 
 
-def test_the_window_already_past_is_not_waited_for(monkeypatch):
-    asked = _record_sleeps(monkeypatch)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(batch_window_ms=1000),
-                          concurrent.futures.ThreadPoolExecutor(1))
-        job = batcher.submit([[1]], GREEDY, timeout_s=600)
-        job.arrived = loop.time() - 2
-        await batcher._wait_for_work(loop)
-        assert asked == []
-    _run(main)
-
-
 def test_the_worker_sleeps_until_a_job_arrives_and_answers_expired_ones_504():
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         expired = batcher.submit([[1]], GREEDY, timeout_s=-1)
         waiting = asyncio.create_task(batcher._wait_for_work(loop))
         for _ in range(20):
@@ -283,8 +271,7 @@ class Client:
 
 def test_a_request_gets_its_jobs_results_once_the_worker_answers_them():
     async def main():
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         job = batcher.submit([[1, 2], [3]], GREEDY, timeout_s=60)
         worker = asyncio.create_task(batcher.run())
         try:
@@ -298,8 +285,7 @@ def test_a_request_gets_its_jobs_results_once_the_worker_answers_them():
 def test_a_job_not_started_by_its_deadline_is_dropped_and_answered_504():
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))  # no worker runs
+        batcher = _batcher()  # no worker runs
         job = batcher.submit([[1, 2]], GREEDY, timeout_s=0.05)
         with pytest.raises(batching.RequestError) as late:
             await wait_for_job(batcher, job, Client(), poll_s=10.0)
@@ -314,8 +300,7 @@ def test_a_job_not_started_by_its_deadline_is_dropped_and_answered_504():
 
 def test_a_client_gone_before_its_job_started_drops_the_job():
     async def main():
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         job = batcher.submit([[1, 2]], GREEDY, timeout_s=60)
         client = Client(after=3)
         assert await wait_for_job(batcher, job, client, poll_s=0.01) is None
@@ -327,8 +312,7 @@ def test_a_client_gone_before_its_job_started_drops_the_job():
 def test_a_started_job_is_waited_for_past_its_deadline_and_its_clients_leaving():
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         job = batcher.submit([[1], [2]], GREEDY, timeout_s=0.05)
         batcher.take_batch(loop.time())  # started: it will be answered
         client = Client(after=1)
@@ -353,8 +337,7 @@ def test_a_started_job_is_waited_for_past_its_deadline_and_its_clients_leaving()
 
 def test_a_decoding_error_reaches_the_waiting_request():
     async def main():
-        batcher = Batcher(FakeTranslator(fail=ValueError("bad line")), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher(FakeTranslator(fail=ValueError("bad line")))
         job = batcher.submit([[1]], GREEDY, timeout_s=60)
         worker = asyncio.create_task(batcher.run())
         try:
@@ -637,8 +620,7 @@ def test_a_client_gone_is_noticed_within_the_default_poll():
     within a fraction of a second, its job dropped."""
     async def main():
         loop = asyncio.get_running_loop()
-        batcher = Batcher(FakeTranslator(), ServeLimits(),
-                          concurrent.futures.ThreadPoolExecutor(1))
+        batcher = _batcher()
         job = batcher.submit([[1, 2]], GREEDY, timeout_s=60)
         started = loop.time()
         assert await wait_for_job(batcher, job, Client(after=1)) is None

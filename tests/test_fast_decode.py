@@ -79,15 +79,16 @@ def test_fast_equals_reference_on_archs_with_early_eos(arch):
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
 @pytest.mark.parametrize("beam", [1, 4])
-@pytest.mark.parametrize("reference", [False, True])
-def test_fixed_length_gives_exactly_l_tokens(arch, beam, reference):
+@pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
+def test_fixed_length_gives_exactly_l_tokens(arch, beam, implementation):
     model, _ = tiny_model(seed=2, **{"model.arch": arch})
     with torch.no_grad():
         model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # would stop early otherwise
     src, _ = random_batch(batch=4, seed=2)
     for length in (1, 7, 20):
         results = search(model, src, beam, nbest=beam, fixed_length=length,
-                         reference=reference)
+                         reference=implementation == "reference",
+                         sync_free=implementation == "sync_free")
         assert all(len(tokens) == length and EOS_ID not in tokens
                    for hyps in results for tokens, _ in hyps)
 
@@ -231,7 +232,8 @@ def test_fixed_length_up_to_the_models_last_position():
 
 def test_an_explicit_length_limit_caps_the_fast_searches_as_the_reference():
     """``limit`` below the model's: no hypothesis longer, and the same hypotheses as the
-    reference searches with that limit (without it some are longer)."""
+    reference searches with that limit (without it some are longer); the sync-free
+    searches too."""
     model, _ = tiny_model(seed=4)
     src, _ = random_batch(batch=3, seed=4)
     args = dict(max_len_a=2.0, max_len_b=6)
@@ -244,6 +246,11 @@ def test_an_explicit_length_limit_caps_the_fast_searches_as_the_reference():
     greedy = greedy_search(model, src, limit=2, **args)
     assert max(len(tokens) for hyps in greedy for tokens, _ in hyps) <= 2
     assert_same_hypotheses(greedy, greedy_search_reference(model, src, limit=2, **args))
+    from ranmt.inference.decode import beam_search_sync_free, greedy_search_sync_free
+
+    assert_same_hypotheses(beam_search_sync_free(model, src, beam=3, nbest=3, limit=3, **args),
+                           capped)
+    assert_same_hypotheses(greedy_search_sync_free(model, src, limit=2, **args), greedy)
 
 
 def test_finished_nbest_of_a_sentence_without_hypotheses():

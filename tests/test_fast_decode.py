@@ -336,8 +336,8 @@ def test_search_defaults_are_the_decoding_configs():
     assert checked >= 25
 
 
-@pytest.mark.parametrize("reference", [False, True])
-def test_a_prefix_longer_than_the_length_limit_is_written_whole(reference):
+@pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
+def test_a_prefix_longer_than_the_length_limit_is_written_whole(implementation):
     """The length limit is raised to the prefix length (every search): with a * |src| + b
     = 2 tokens, a 4-token prefix is written whole, in beam and greedy search."""
     model, _ = tiny_model(seed=6)
@@ -345,7 +345,8 @@ def test_a_prefix_longer_than_the_length_limit_is_written_whole(reference):
     prefix = torch.tensor([[5, 6, 7, 8], [9, 0, 0, 0]])
     for beam in (1, 3):
         results = search(model, src, beam, nbest=beam, max_len_a=0.0, max_len_b=2,
-                         prefix=prefix, reference=reference)
+                         prefix=prefix, reference=implementation == "reference",
+                         sync_free=implementation == "sync_free")
         assert all(tokens[:4] == [5, 6, 7, 8] for tokens, _ in results[0])
         assert all(tokens[:1] == [9] and len(tokens) <= 2 for tokens, _ in results[1])
 

@@ -447,3 +447,36 @@ def test_every_search_answers_python_ints_and_floats():
         results = getattr(decode, name)(model, src, **beam)
         assert all(type(token) is int and type(score) is float
                    for hyps in results for tokens, score in hyps for token in tokens), name
+
+
+def test_prefix_errors_name_the_problem_exactly():
+    """A prefix of the wrong shape, holding EOS, or longer than the model's output limit is
+    refused with its own message, before decoding, by every search."""
+    import re
+
+    import ranmt.inference.decode as decode
+
+    model, _ = tiny_model(seed=10)
+    src, _ = random_batch(batch=2, seed=10)
+    limit = model.config.max_positions - 1
+    cases = [(torch.tensor([5, 6]), "prefix must be (batch=2, P) token ids, not (2,)"),
+             (torch.tensor([[5, 6]]), "prefix must be (batch=2, P) token ids, not (1, 2)"),
+             (torch.tensor([[5, EOS_ID], [6, 0]]), "a target prefix may not contain EOS"),
+             (torch.full((2, limit + 1), 5),
+              f"a target prefix of {limit + 1} tokens is longer than the model's output "
+              f"limit of {limit} tokens")]
+    for name in ("beam_search", "beam_search_reference", "beam_search_sync_free",
+                 "greedy_search", "greedy_search_reference", "greedy_search_sync_free"):
+        for prefix, message in cases:
+            with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+                getattr(decode, name)(model, src, prefix=prefix)
+
+
+def test_row_topk_makes_its_tensors_on_the_scores_device():
+    """The blocked top-k (wide rows) under a ``meta`` default device: the same answer (a
+    block offset or tail id made on the default device would mix devices)."""
+    scores = torch.randn(3, 2050, generator=torch.Generator().manual_seed(0))
+    expected = row_topk(scores, 4)
+    with torch.device("meta"):
+        top, ids = row_topk(scores, 4)
+    assert torch.equal(top, expected[0]) and torch.equal(ids, expected[1])

@@ -21,10 +21,12 @@ from ranmt.inference.decode import (
     Finished,
     beam_search,
     beam_search_reference,
+    beam_search_sync_free,
     best_candidates,
     first_candidates,
     greedy_search,
     greedy_search_reference,
+    greedy_search_sync_free,
     row_topk,
     search,
 )
@@ -34,6 +36,15 @@ SELF = ["dot", "ran", "gaussian", "synthesizer"]
 CROSS = ["dot", "gaussian"] + sorted(name for name in REGISTRY
                                      if name not in ("dot", "ran", "gaussian", "synthesizer"))
 DECODERS = [(name, "dot") for name in SELF] + [("dot", name) for name in CROSS[1:]]
+BEAM_SEARCHES = {"fast": beam_search, "reference": beam_search_reference,
+                 "sync_free": beam_search_sync_free}
+EVERY_SEARCH = [*BEAM_SEARCHES.values(), greedy_search, greedy_search_reference,
+                greedy_search_sync_free]
+
+
+def _beam_args(fn, beam: int, nbest: int) -> dict:
+    """The beam and n-best keywords for a beam search, none for a greedy one."""
+    return {} if fn.__name__.startswith("greedy") else {"beam": beam, "nbest": nbest}
 
 
 def _model(self_attention: str, cross: str, seed: int):
@@ -246,8 +257,6 @@ def test_an_explicit_length_limit_caps_the_fast_searches_as_the_reference():
     greedy = greedy_search(model, src, limit=2, **args)
     assert max(len(tokens) for hyps in greedy for tokens, _ in hyps) <= 2
     assert_same_hypotheses(greedy, greedy_search_reference(model, src, limit=2, **args))
-    from ranmt.inference.decode import beam_search_sync_free, greedy_search_sync_free
-
     assert_same_hypotheses(beam_search_sync_free(model, src, beam=3, nbest=3, limit=3, **args),
                            capped)
     assert_same_hypotheses(greedy_search_sync_free(model, src, limit=2, **args), greedy)
@@ -373,10 +382,6 @@ def test_beam_one_called_directly_is_greedy(implementation):
     """``search`` sends beam 1 to greedy decoding; the beam searches themselves, given beam 1,
     pick the same tokens, and without a length penalty the same scores (the summed
     log-probabilities)."""
-    from ranmt.inference.decode import beam_search_sync_free
-
-    searches = {"fast": beam_search, "reference": beam_search_reference,
-                "sync_free": beam_search_sync_free}
     for arch in ("transf", "ran-all"):
         model, _ = tiny_model(seed=6, **{"model.arch": arch})
         with torch.no_grad():
@@ -384,7 +389,7 @@ def test_beam_one_called_directly_is_greedy(implementation):
         src, _ = random_batch(batch=5, src_len=9, seed=6)
         greedy = greedy_search_reference(model, src, 1.5, 4)
         assert len({len(hyps[0][0]) for hyps in greedy}) > 1
-        assert_same_hypotheses(searches[implementation](model, src, beam=1, lenpen=0.0,
+        assert_same_hypotheses(BEAM_SEARCHES[implementation](model, src, beam=1, lenpen=0.0,
                                                         max_len_a=1.5, max_len_b=4),
                                greedy)
 
@@ -394,10 +399,6 @@ def test_a_sentence_that_can_extend_nothing_gets_the_empty_hypothesis_at_minus_i
         implementation, monkeypatch):
     """Every token impossible from the first step (log-probabilities all -inf): no beam
     search invents a hypothesis; each answers ``[([], -inf)]`` per sentence."""
-    from ranmt.inference.decode import beam_search_sync_free
-
-    searches = {"fast": beam_search, "reference": beam_search_reference,
-                "sync_free": beam_search_sync_free}
     model, _ = tiny_model(seed=7)
     real_step = model.decode_step
 
@@ -406,22 +407,17 @@ def test_a_sentence_that_can_extend_nothing_gets_the_empty_hypothesis_at_minus_i
         return torch.full_like(logprobs, float("-inf"))
     monkeypatch.setattr(model, "decode_step", impossible)
     src, _ = random_batch(batch=3, seed=7)
-    assert searches[implementation](model, src, beam=3, nbest=2) == [[([], -math.inf)]] * 3
+    assert BEAM_SEARCHES[implementation](model, src, beam=3, nbest=2) == [[([], -math.inf)]] * 3
 
 
-@pytest.mark.parametrize("implementation", ["beam_search", "beam_search_reference",
-                                            "greedy_search", "greedy_search_reference",
-                                            "beam_search_sync_free", "greedy_search_sync_free"])
-def test_every_search_makes_its_tensors_on_the_sources_device(implementation):
+@pytest.mark.parametrize("fn", EVERY_SEARCH, ids=lambda fn: fn.__name__)
+def test_every_search_makes_its_tensors_on_the_sources_device(fn):
     """A tensor made on the default device instead of the source's would cost a copy or fail
     on a GPU. With the default device set to ``meta`` (tensors without values, on a device
     of their own) a CPU search that made one would mix devices and fail: every search, over
     every decoder-side variant (and with prefixes and a fixed length), answers as it does
     without."""
-    import ranmt.inference.decode as decode
-
-    fn = getattr(decode, implementation)
-    beam = {} if "greedy" in implementation else {"beam": 3, "nbest": 2}
+    beam = _beam_args(fn, 3, 2)
     src, _ = random_batch(batch=4, seed=8)
     prefix = torch.tensor([[5, 6, 0], [7, 0, 0], [0, 0, 0], [8, 9, 10]])
     for self_attention, cross in DECODERS:
@@ -437,24 +433,18 @@ def test_every_search_makes_its_tensors_on_the_sources_device(implementation):
 def test_every_search_answers_python_ints_and_floats():
     """Tokens go on to the detokenizer and JSON: ints, not floats that compare equal to
     them (a float history, concatenated with int tokens, would make every token a float)."""
-    import ranmt.inference.decode as decode
-
     model, _ = tiny_model(seed=9)
     src, _ = random_batch(batch=3, seed=9)
-    for name in ("beam_search", "beam_search_reference", "beam_search_sync_free",
-                 "greedy_search", "greedy_search_reference", "greedy_search_sync_free"):
-        beam = {} if "greedy" in name else {"beam": 2, "nbest": 2}
-        results = getattr(decode, name)(model, src, **beam)
+    for fn in EVERY_SEARCH:
+        results = fn(model, src, **_beam_args(fn, 2, 2))
         assert all(type(token) is int and type(score) is float
-                   for hyps in results for tokens, score in hyps for token in tokens), name
+                   for hyps in results for tokens, score in hyps for token in tokens), fn
 
 
 def test_prefix_errors_name_the_problem_exactly():
     """A prefix of the wrong shape, holding EOS, or longer than the model's output limit is
     refused with its own message, before decoding, by every search."""
     import re
-
-    import ranmt.inference.decode as decode
 
     model, _ = tiny_model(seed=10)
     src, _ = random_batch(batch=2, seed=10)
@@ -465,11 +455,10 @@ def test_prefix_errors_name_the_problem_exactly():
              (torch.full((2, limit + 1), 5),
               f"a target prefix of {limit + 1} tokens is longer than the model's output "
               f"limit of {limit} tokens")]
-    for name in ("beam_search", "beam_search_reference", "beam_search_sync_free",
-                 "greedy_search", "greedy_search_reference", "greedy_search_sync_free"):
+    for fn in EVERY_SEARCH:
         for prefix, message in cases:
             with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-                getattr(decode, name)(model, src, prefix=prefix)
+                fn(model, src, prefix=prefix)
 
 
 def test_row_topk_makes_its_tensors_on_the_scores_device():

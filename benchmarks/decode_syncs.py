@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-reference-speed", action="store_true",
                    help="count the reference's syncs but do not time it (it is slow)")
+    p.add_argument("--fixed-only", action="store_true",
+                   help="time fixed-length decoding only (an untrained model's own outputs "
+                        "run to the length limit: the same work, longer)")
     p.add_argument("--graphs", action="store_true",
                    help="add graphs/K: the sync-free search with its whole step at fixed "
                         "addresses, replayed as a CUDA graph on CUDA (eager elsewhere)")
@@ -130,8 +133,10 @@ def main(argv: list[str] | None = None) -> None:
             for batch in args.batch:
                 batches = [pad_sources(sources[i: i + batch]).to(device)
                            for i in range(0, len(sources), batch)]
-                for fixed, what in ((args.fixed_length, f"fixed length {args.fixed_length}"),
-                                    (None, "own outputs")):
+                cases = [(args.fixed_length, f"fixed length {args.fixed_length}")]
+                if not args.fixed_only:
+                    cases.append((None, "own outputs"))
+                for fixed, what in cases:
                     result = speeds(model, batches, beam, fixed, timed, args.repeats, device)
                     base_speed, base_seconds = result["shrinking"]
                     cells = []

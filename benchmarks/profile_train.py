@@ -21,6 +21,7 @@ loss (``ranmt.training.loss``) and, unless ``--default-allocator``, its malloc t
     python benchmarks/profile_train.py --arch transf ran-all --compile --no-profile
     python benchmarks/profile_train.py --arch transf ran-all --fast-masks --no-profile
     python benchmarks/profile_train.py --device cuda --preset base --sentences 640 --out DIR
+    python benchmarks/profile_train.py --device cuda --preset base --marian --no-profile
 """
 
 from __future__ import annotations
@@ -43,6 +44,33 @@ from ranmt.training.train import label_smoothed_loss
 MODES = ("fp32", "bf16-autocast", "bf16")
 COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
 FAST_MASK_MODES = ("fp32+fast", "bf16+fast")
+MARIAN_MODES = ("marian-fp32", "marian-bf16")
+
+
+def marian_forward(model_config, device: torch.device):
+    """A Hugging Face ``MarianMTModel`` shaped like ``model_config`` (a ranmt ``model``
+    section), returned as ``forward(src, tgt_in) -> logits`` and its parameters.
+    src: (B, S), tgt_in: (B, T) -> logits (B, T, V)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    m = model_config
+    config = MarianConfig(
+        vocab_size=m.src_vocab_size, decoder_vocab_size=m.tgt_vocab_size, d_model=m.d_model,
+        encoder_layers=m.encoder.layers, decoder_layers=m.decoder.layers,
+        encoder_attention_heads=m.heads, decoder_attention_heads=m.heads,
+        encoder_ffn_dim=m.ffn_dim, decoder_ffn_dim=m.ffn_dim,
+        max_position_embeddings=m.max_positions, activation_function=m.activation,
+        dropout=m.dropout, attention_dropout=0.0, activation_dropout=0.0,
+        scale_embedding=True, pad_token_id=0, eos_token_id=3, decoder_start_token_id=2,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    marian = MarianMTModel(config).to(device).train()
+
+    def forward(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        return marian(input_ids=src, attention_mask=src.ne(0),
+                      decoder_input_ids=tgt_in).logits
+
+    return forward, marian.parameters()
 
 
 def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0,
@@ -54,12 +82,18 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
                              "model.src_vocab_size": str(vocab),
                              "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
     torch.manual_seed(seed)
-    model = build_model(cfg.model).to(device).train()
     fast = mode.endswith("+fast")
-    precision = mode.removesuffix("+fast").removesuffix("-compiled")
-    forward = torch.compile(model) if mode.endswith("-compiled") else model
+    marian = mode.startswith("marian-")
+    precision = mode.removesuffix("+fast").removesuffix("-compiled").removeprefix("marian-")
+    if marian:  # plain autocast for bf16: Marian has no residual-stream option
+        forward, parameters = marian_forward(cfg.model, device)
+        precision = "bf16-autocast" if precision == "bf16" else precision
+    else:
+        model = build_model(cfg.model).to(device).train()
+        forward = torch.compile(model) if mode.endswith("-compiled") else model
+        parameters = model.parameters()
     policy = PrecisionPolicy(precision.removesuffix("-autocast"), device.type)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+    optimizer = torch.optim.AdamW(parameters, lr=1e-4, betas=(0.9, 0.98),
                                   fused=policy.fused_optimizer or None)
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(4, vocab, (sentences, length), generator=gen)
@@ -139,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also time fp32 and bf16 steps through torch.compile")
     p.add_argument("--fast-masks", action="store_true",
                    help="also time fp32 and bf16 steps with train.dropout_masks=fast")
+    p.add_argument("--marian", action="store_true",
+                   help="also time Hugging Face MarianMTModel steps of the same shape "
+                        "(fp32 and bf16 autocast, SDPA)")
     p.add_argument("--default-allocator", action="store_true",
                    help="leave glibc's malloc as it is (the trainer tunes it, "
                         "ranmt.runtime.memory)")
@@ -151,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")
     modes = (MODES + (COMPILED_MODES if args.compile else ())
-             + (FAST_MASK_MODES if args.fast_masks else ()))
+             + (FAST_MASK_MODES if args.fast_masks else ())
+             + (MARIAN_MODES if args.marian else ()))
     faster = modes[1:]
     print("| arch | " + " | ".join(f"{m} s/step" for m in modes) + " | "
           + " | ".join(f"{m} / fp32" for m in faster) + " |")
@@ -163,6 +201,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.compile:
             print(f"  {arch} warm-up (2 steps, compilation included): " + ", ".join(
                 f"{m} {warm_up[m]:.1f} s" for m in modes))
+        tokens = args.sentences * args.length  # target tokens a step (no padding)
+        print(f"  {arch} target tokens/s: " + ", ".join(
+            f"{m} {tokens / t[m]:,.0f}" for m in modes))
+        if args.marian:
+            print(f"  {arch} ranmt / Hugging Face Marian (same shape, same step): fp32 "
+                  f"{t['marian-fp32'] / t['fp32']:.2f}x, bf16 "
+                  f"{t['marian-bf16'] / t['bf16']:.2f}x")
     if args.no_profile:
         return
     for arch in args.arch:

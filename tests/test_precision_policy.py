@@ -119,3 +119,21 @@ def _loss_under_plain_autocast(model, valid, cfg, enabled: bool = True) -> float
         logits = model.eval()(batch.src, batch.tgt_in)
     loss, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing)
     return float(loss) / batch.target_tokens
+
+
+def test_cuda_policy_turns_cudnn_attention_off_and_a_cpu_policy_leaves_it(monkeypatch):
+    """On CUDA, configure_matmuls leaves SDPA to flash / memory-efficient attention (cuDNN's
+    plans per shape stall training on changing batch shapes); a CPU policy changes nothing."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        PrecisionPolicy("bf16", "cpu").configure_matmuls()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        PrecisionPolicy("bf16", "cuda").configure_matmuls()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

@@ -200,10 +200,17 @@ class PrecisionPolicy:
         return self.device_type == "cuda"
 
     def configure_matmuls(self) -> None:
-        """Set the process-wide matrix-product options this policy wants (TF32 on CUDA)."""
+        """Set the process-wide matrix-product options this policy wants: TF32 on CUDA, and
+        on CUDA no cuDNN kernel for scaled dot-product attention (flash and memory-efficient
+        attention remain). cuDNN's attention builds an execution plan for every new shape,
+        and training batches change shape every step: on an H200 (PyTorch 2.11, CUDA 13)
+        a bf16 `base` TransF trained at 29k target tokens/s over its first 50 steps with it
+        against fp32's 137k (docs/PERFORMANCE.md "On a GPU", `benchmarks/sdpa_shapes.py`)."""
         if self.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        if self.device_type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
     @property
     def loss_scaling(self) -> bool:

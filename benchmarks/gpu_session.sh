@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 44 as one prepared script for a lent GPU machine: about
-# 8-9 minutes of work, every step under its own time limit, so that the whole call fits one
-# 600-second command (a session has 15 minutes of device time, the machine's start included).
+# The GPU measurements of issue 44 as one prepared script for a lent GPU machine, every
+# step under its own time limit. All steps together take ~11 minutes, more than one
+# 600-second call: name the steps a call should run (a session has 15 minutes of device
+# time, each machine start ~30-60 s of it). The H200 session of 2026-11-27 ran all but
+# `profile` (docs/PERFORMANCE.md "Measured on an NVIDIA H200"); next (~3 minutes):
+#   RUNS="transf-fp32 transf-bf16 transf-bf16-expandable" bash benchmarks/gpu_session.sh \
+#       profile train
 #
 # From a session that has a device (status: can_start_another), with the Multi30k data
 # prepared here first (any converged-grid command prepares it, or `ranmt prepare`):
@@ -12,7 +16,7 @@
 # PyTorch, transformers, sentencepiece and sacrebleu but no network: the package runs from
 # src/ (PYTHONPATH), nothing is installed. Steps by name run only those, e.g.
 #   bash benchmarks/gpu_session.sh tests sdpa train
-# (steps: env tests train marian decode sdpa; env always runs; STEPS, RUNS choose the
+# (steps: env tests train marian decode profile sdpa; env always runs; STEPS, RUNS choose the
 # training steps and runs: RUNS="transf-fp32 transf-bf16" for two of them)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
@@ -60,6 +64,9 @@ train_step() {
     train hc-sa-fp32 45 hc-sa train.precision=fp32
     train hc-sa-bf16 45 hc-sa train.precision=bf16
     train transf-fp32-step-reads 45 transf train.precision=fp32 train.host_reads=step
+    # the caching allocator with 19 shapes of ~0.8 GB logits: growable segments instead
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        train transf-bf16-expandable 45 transf train.precision=bf16
     train transf-bf16-graphs 120 transf train.precision=bf16 train.compile=true \
         train.compile_mode=reduce-overhead "data.shape_buckets=[20,32,128]" \
         train.max_steps=$((STEPS * 2))  # compilation first: twice the steps
@@ -80,12 +87,22 @@ decode_step() {
         --check-every 8 --graphs --quantize none bf16 --no-reference-speed --fixed-only
 }
 
-# 5. what a new batch shape costs each SDPA kernel (cuDNN plans per shape)
+# 5. where the trainer's host time goes (its step is host-bound at ~100 ms against the bare
+#    step's 53 ms): Python's profile of 60 bf16 TransF steps, by own time
+profile_step() {
+    timeout 60 python -m cProfile -s tottime -m ranmt train --data "$DATA" \
+        --out /tmp/runs/profiled --config configs/base.yaml data.max_tokens=25000 \
+        train.max_steps=60 train.max_time=0 train.validate_every=100000 \
+        train.validate_bleu=false train.progress=false train.tensorboard=false \
+        train.precision=bf16 2>&1 | head -60
+}
+
+# 6. what a new batch shape costs each SDPA kernel (cuDNN plans per shape)
 sdpa_step() {
     timeout 40 python benchmarks/sdpa_shapes.py --device cuda
 }
 
-STEPS_TO_RUN=${*:-tests train marian decode sdpa}
+STEPS_TO_RUN=${*:-tests train profile marian decode sdpa}
 env_step > "$OUT/env.log" 2>&1
 for step in $STEPS_TO_RUN; do
     "${step}_step" > "$OUT/$step.log" 2>&1

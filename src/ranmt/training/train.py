@@ -717,6 +717,12 @@ class TrainingRun:
                    # what this process did: resumed from which step, how many steps it ran
                    "resumed_from_step": self.first_step if self.resume_from else None,
                    "steps_this_run": self.step - self.first_step}
+        if self.device.type == "cuda":  # what the caching allocator went through
+            stats = torch.cuda.memory_stats(self.device)
+            self.log.line(f"cuda memory: peak {stats['allocated_bytes.all.peak'] / 2**30:.1f} "
+                          f"GiB allocated, {stats['segment.all.allocated']} cudaMalloc "
+                          f"segments, {stats['num_alloc_retries']} allocator retries "
+                          f"(each frees the cache and synchronizes)")
         self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
                       f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "
                       f"{state['best_bleu']} at step {state['best_step']}")

@@ -95,6 +95,13 @@ profile_step() {
         train.max_steps=60 train.max_time=0 train.validate_every=100000 \
         train.validate_bleu=false train.progress=false train.tensorboard=false \
         train.precision=bf16 2>&1 | head -60
+    # did reduce-overhead really replay CUDA graphs? (Inductor says why it skips them)
+    TORCH_LOGS=perf_hints timeout 100 python -m ranmt train --data "$DATA" \
+        --out /tmp/runs/hints --config configs/base.yaml data.max_tokens=25000 \
+        train.max_steps=40 train.max_time=0 train.validate_every=100000 \
+        train.validate_bleu=false train.progress=false train.tensorboard=false \
+        train.precision=bf16 train.compile=true train.compile_mode=reduce-overhead \
+        "data.shape_buckets=[20,32,128]" 2>&1 | grep -i -m 20 "cudagraph\|graph break\|done:"
 }
 
 # 6. what a new batch shape costs each SDPA kernel (cuDNN plans per shape)

@@ -77,6 +77,9 @@ train_step() {
 marian_step() {
     timeout 70 python benchmarks/profile_train.py --device cuda --preset base \
         --arch transf ran-all --sentences 1000 --length 25 --repeats 5 --marian --no-profile
+    # the same bare step compiled (fp32-compiled, bf16-compiled; not measured on a GPU yet)
+    timeout 180 python benchmarks/profile_train.py --device cuda --preset base \
+        --arch transf --sentences 1000 --length 25 --repeats 5 --compile --no-profile
 }
 
 # 4. decoding: syncs per step and speed of the searches on the GPU (batch 32 and 100, beam

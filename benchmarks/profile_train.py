@@ -62,8 +62,8 @@ def marian_forward(model_config, device: torch.device):
         max_position_embeddings=m.max_positions, activation_function=m.activation,
         dropout=m.dropout, attention_dropout=0.0, activation_dropout=0.0,
         scale_embedding=True, pad_token_id=0, eos_token_id=3, decoder_start_token_id=2,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
-    config._attn_implementation = "sdpa"
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        attn_implementation="sdpa")
     marian = MarianMTModel(config).to(device).train()
 
     def forward(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

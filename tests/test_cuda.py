@@ -244,7 +244,9 @@ def test_checkpoint_trained_on_cuda_translates_alike_on_cpu(reverse_data, tmp_pa
               "train.log_every": "50"}
     train(load_config(None, values), reverse_data, tmp_path / "run")
     sources = ["a b c d", "p o n m l", "e f g h i j k"]
+    torch.backends.cuda.enable_cudnn_sdp(True)  # the trainer turned it off
     on_gpu = Translator.load(tmp_path / "run", device="cuda", beam=4)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # a plan per key length otherwise
     on_cpu = Translator.load(tmp_path / "run", device="cpu", beam=4)
     in_bf16 = Translator.load(tmp_path / "run", device="cuda", beam=4, precision="bf16")
     gpu_out = on_gpu.translate(sources)

@@ -121,7 +121,7 @@ def _loss_under_plain_autocast(model, valid, cfg, enabled: bool = True) -> float
     return float(loss) / batch.target_tokens
 
 
-def test_cuda_policy_turns_cudnn_attention_off_and_a_cpu_policy_leaves_it(monkeypatch):
+def test_cuda_policy_turns_cudnn_attention_off_and_a_cpu_policy_leaves_it():
     """On CUDA, configure_matmuls leaves SDPA to flash / memory-efficient attention (cuDNN's
     plans per shape stall training on changing batch shapes); a CPU policy changes nothing."""
     was = torch.backends.cuda.cudnn_sdp_enabled()

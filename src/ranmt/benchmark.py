@@ -69,7 +69,10 @@ def load_systems(checkpoints: list[str], archs: list[str], preset: str, vocab_si
     ``int8`` (dynamic quantization) or ``bf16`` (weights and activations in bf16); the
     copies are labelled ``… int8`` / ``… bf16``."""
     from ranmt.inference.quantize import quantize_model
+    from ranmt.runtime.precision import avoid_cudnn_attention
 
+    if device.type == "cuda":
+        avoid_cudnn_attention()  # as Translator.load does
     systems = []
     for mode in quantize:
         suffix = "" if mode == "none" else f" {mode}"

@@ -106,12 +106,15 @@ class Translator:
         freed heap memory is kept for reuse, so decoding steps stop page-faulting their
         buffers in; the process keeps its peak memory)."""
         from ranmt.inference.quantize import quantize_model
+        from ranmt.runtime.precision import avoid_cudnn_attention
 
         device_ = pick_device(device)
         if device_.type == "cpu":
             # Decoding allocates the (rows x vocabulary) logits and log-probabilities anew
             # every step; without this each one page-faults in (ranmt.runtime.memory).
             retain_freed_memory()
+        if device_.type == "cuda":
+            avoid_cudnn_attention()  # new key lengths every step: no plan per shape
         if quantize != "none" and device_.type != "cpu":
             raise ValueError(f"--quantize {quantize} runs on the CPU only, not {device_}")
         _check_precision(precision, quantize, device_)

@@ -157,6 +157,16 @@ def legacy_precision(requested: str, device: torch.device) -> str:
     return "fp32"
 
 
+def avoid_cudnn_attention() -> None:
+    """Leave CUDA's scaled dot-product attention to the flash and memory-efficient kernels
+    (process-wide). cuDNN's attention, which PyTorch picks for bf16 with a mask on Hopper,
+    builds an execution plan on the first call of every new shape (143 ms against 1.3 ms
+    for memory-efficient attention on an H200, `benchmarks/sdpa_shapes.py`); training
+    batches change shape nearly every step and incremental decoding every step."""
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class PrecisionPolicy:
     """A resolved precision (fp32 | bf16 | fp16) on one device type (cpu | cuda | ...): what
     it means there, for every forward pass, the optimizer and the matrix products.
@@ -209,8 +219,8 @@ class PrecisionPolicy:
         if self.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        if self.device_type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-            torch.backends.cuda.enable_cudnn_sdp(False)
+        if self.device_type == "cuda":
+            avoid_cudnn_attention()
 
     @property
     def loss_scaling(self) -> bool:

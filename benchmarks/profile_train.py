@@ -51,19 +51,12 @@ def marian_forward(model_config, device: torch.device):
     """A Hugging Face ``MarianMTModel`` shaped like ``model_config`` (a ranmt ``model``
     section), returned as ``forward(src, tgt_in) -> logits`` and its parameters.
     src: (B, S), tgt_in: (B, T) -> logits (B, T, V)."""
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
-    m = model_config
-    config = MarianConfig(
-        vocab_size=m.src_vocab_size, decoder_vocab_size=m.tgt_vocab_size, d_model=m.d_model,
-        encoder_layers=m.encoder.layers, decoder_layers=m.decoder.layers,
-        encoder_attention_heads=m.heads, decoder_attention_heads=m.heads,
-        encoder_ffn_dim=m.ffn_dim, decoder_ffn_dim=m.ffn_dim,
-        max_position_embeddings=m.max_positions, activation_function=m.activation,
-        dropout=m.dropout, attention_dropout=0.0, activation_dropout=0.0,
-        scale_embedding=True, pad_token_id=0, eos_token_id=3, decoder_start_token_id=2,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        attn_implementation="sdpa")
+    from ranmt.inference.export import marian_config
+
+    config = marian_config(model_config, dropout=model_config.dropout,
+                           attn_implementation="sdpa")
     marian = MarianMTModel(config).to(device).train()
 
     def forward(src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:

@@ -112,26 +112,36 @@ def marian_state_dict(model, perm: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_marian(model, cfg):
-    """A ``transformers.MarianMTModel`` with the weights of a ranmt TransF model."""
+def marian_config(model_config, dropout: float = 0.0, **extra):
+    """The ``transformers.MarianConfig`` of a model shaped like ``model_config`` (a ranmt
+    ``model`` section): layers, width, heads, FFN, vocabularies, ranmt's special ids;
+    ``dropout`` on the residual paths, ``extra`` passed on (e.g. ``attn_implementation``)."""
     try:
-        from transformers import MarianConfig, MarianMTModel
+        from transformers import MarianConfig
     except ImportError:
         raise ExportError("exporting needs Hugging Face transformers: "
                           "pip install 'ranmt[export]'") from None
-    _check_exportable(cfg)
-    m = cfg.model
-    marian_config = MarianConfig(
+    m = model_config
+    return MarianConfig(
         vocab_size=m.src_vocab_size, decoder_vocab_size=m.tgt_vocab_size, d_model=m.d_model,
         encoder_layers=m.encoder.layers, decoder_layers=m.decoder.layers,
         encoder_attention_heads=m.heads, decoder_attention_heads=m.heads,
         encoder_ffn_dim=m.ffn_dim, decoder_ffn_dim=m.ffn_dim,
         max_position_embeddings=m.max_positions, activation_function=m.activation,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
+        dropout=dropout, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
         pad_token_id=0, eos_token_id=3, forced_eos_token_id=3, decoder_start_token_id=2,
-        bos_token_id=2, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
-    marian = MarianMTModel(marian_config)
-    state = marian_state_dict(model, residual_permutation(m.d_model))
+        bos_token_id=2, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        **extra)
+
+
+def build_marian(model, cfg):
+    """A ``transformers.MarianMTModel`` with the weights of a ranmt TransF model."""
+    config = marian_config(cfg.model)  # ExportError without transformers
+    from transformers import MarianMTModel
+
+    _check_exportable(cfg)
+    marian = MarianMTModel(config)
+    state = marian_state_dict(model, residual_permutation(cfg.model.d_model))
     missing, unexpected = marian.load_state_dict(state, strict=False)
     missing = [k for k in missing if "embed_positions" not in k]
     if missing or unexpected:

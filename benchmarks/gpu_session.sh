@@ -24,6 +24,11 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
 DATA=docs/results/multi30k_converged/data/multi30k-en-de
 STEPS=${STEPS:-100}
+# what every speed run here shares: base, 25k tokens a step, no budget but steps, one
+# validation (loss only) at the end, no progress bar or TensorBoard
+SPEED_RUN=(--config configs/base.yaml data.max_tokens=25000 train.max_time=0
+    train.validate_every=100000 train.validate_bleu=false train.progress=false
+    train.tensorboard=false)
 
 env_step() {
     date -u
@@ -51,9 +56,7 @@ train() {  # name seconds arch extra-overrides...
     case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
     echo "== $name"
     timeout "$limit" python -m ranmt train --data "$DATA" --out "/tmp/runs/$name" \
-        --config configs/base.yaml model.arch="$arch" data.max_tokens=25000 \
-        train.max_steps="$STEPS" train.max_time=0 train.validate_every=100000 \
-        train.validate_bleu=false train.progress=false train.tensorboard=false \
+        "${SPEED_RUN[@]}" model.arch="$arch" train.max_steps="$STEPS" \
         train.log_every=$((STEPS / 4)) "$@" 2>&1 | grep -v "^$" | grep -v "^{" | tail -7
 }
 train_step() {
@@ -94,15 +97,11 @@ decode_step() {
 #    step's 53 ms): Python's profile of 60 bf16 TransF steps, by own time
 profile_step() {
     timeout 60 python -m cProfile -s tottime -m ranmt train --data "$DATA" \
-        --out /tmp/runs/profiled --config configs/base.yaml data.max_tokens=25000 \
-        train.max_steps=60 train.max_time=0 train.validate_every=100000 \
-        train.validate_bleu=false train.progress=false train.tensorboard=false \
+        --out /tmp/runs/profiled "${SPEED_RUN[@]}" train.max_steps=60 \
         train.precision=bf16 2>&1 | head -60
     # did reduce-overhead really replay CUDA graphs? (Inductor says why it skips them)
     TORCH_LOGS=perf_hints timeout 100 python -m ranmt train --data "$DATA" \
-        --out /tmp/runs/hints --config configs/base.yaml data.max_tokens=25000 \
-        train.max_steps=40 train.max_time=0 train.validate_every=100000 \
-        train.validate_bleu=false train.progress=false train.tensorboard=false \
+        --out /tmp/runs/hints "${SPEED_RUN[@]}" train.max_steps=40 \
         train.precision=bf16 train.compile=true train.compile_mode=reduce-overhead \
         "data.shape_buckets=[20,32,128]" 2>&1 | grep -i -m 20 "cudagraph\|graph break\|done:"
 }

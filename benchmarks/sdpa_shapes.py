@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ranmt.benchmark import synchronize
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "math": SDPBackend.MATH}
 
@@ -28,13 +30,11 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIE
 def timed_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                device: torch.device) -> float:
     """Milliseconds of one forward + backward. q, k, v: (B, H, L, D); mask: (B, 1, 1, L)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     start = time.perf_counter()
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     out.sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     return (time.perf_counter() - start) * 1000
 
 

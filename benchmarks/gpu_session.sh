@@ -62,6 +62,7 @@ train() {  # name seconds arch extra-overrides...
 train_step() {
     train transf-fp32 45 transf train.precision=fp32
     train transf-bf16 45 transf train.precision=bf16
+    train transf-bf16-16k 45 transf train.precision=bf16 data.max_tokens=16000
     train ran-all-fp32 45 ran-all train.precision=fp32
     train ran-all-bf16 45 ran-all train.precision=bf16
     train hc-sa-fp32 45 hc-sa train.precision=fp32

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ranmt.data.batching import collate, make_batches
 
@@ -118,3 +119,66 @@ def test_length_order_is_lexsort_order_with_and_without_ties():
     for jitter in (0.0, rng.uniform(0, 1, 20_000), rng.integers(0, 4, 20_000) / 4.0):
         expected = np.lexsort((src + jitter, tgt + jitter))
         assert np.array_equal(_length_order(src, tgt, jitter), expected)
+
+
+def _reference_rows(seqs, shape, first, lead, end):
+    """The per-row collation the vectorised one replaced: row r = lead?, seq, end?, PAD."""
+    width = max(len(s) for s in seqs) + 1
+    rows, width = shape or (len(seqs), width)
+    out = np.zeros((rows, width), dtype=np.int64)
+    for row, seq in enumerate(seqs):
+        if lead is not None:
+            out[row, 0] = lead
+        out[row, first: first + len(seq)] = seq
+        if end is not None:
+            out[row, len(seq)] = end
+    return out, rows
+
+
+@pytest.mark.parametrize("stored", ["flat", "subset", "lists"])
+@pytest.mark.parametrize("shaped", [False, True])
+def test_batch_from_split_equals_per_row_collation(tmp_path, stored, shaped):
+    """The vectorised gather + collation: every sentence in its row (cut to the positions),
+    BOS/EOS/PAD where the per-row reference puts them, padding rows as documented, for
+    sentences stored flat (memory-mapped), through a subset, and as plain lists."""
+    from ranmt.data.batching import ShapeBuckets, batch_from_split
+    from ranmt.data.corpus import EncodedSplit, SubsetSequences, TokenSequences
+    from ranmt.data.vocab import BOS, EOS, PAD
+
+    rng = np.random.default_rng(5)
+    sides = []
+    for _ in range(2):
+        seqs = [rng.integers(4, 50, size=n) for n in rng.integers(0, 30, size=80)]
+        sides.append(seqs)
+    if stored == "lists":
+        split = EncodedSplit(*sides)
+        view = sides
+    else:
+        stores = []
+        for side, seqs in zip("st", sides):
+            offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])])
+            np.save(tmp_path / f"{side}.npy", np.concatenate(seqs).astype(np.int32))
+            stores.append(TokenSequences(np.load(tmp_path / f"{side}.npy", mmap_mode="r"),
+                                         offsets))
+        keep = np.arange(5, 80)
+        view = [[seqs[i] for i in keep] for seqs in sides] if stored == "subset" else sides
+        split = EncodedSplit(*(SubsetSequences(s, keep) if stored == "subset" else s
+                               for s in stores))
+    indices = np.array([7, 0, 33, 12, 60, 2])
+    buckets = ShapeBuckets([8, 64], 1024, max_positions=21) if shaped else None
+    batch = batch_from_split(split, indices, max_positions=21, buckets=buckets)
+    src = [view[0][i][:20] for i in indices]
+    tgt = [view[1][i][:20] for i in indices]
+    shape = tuple(batch.src.shape) if shaped else None
+    if shaped:
+        assert shape == (1024 // 21, 21)
+    want_src, rows = _reference_rows(src, shape, 0, None, EOS)
+    want_src[len(src):rows, 0] = EOS
+    want_in, _ = _reference_rows(tgt, shape, 1, BOS, None)
+    want_in[len(tgt):rows, 0] = BOS
+    want_out, _ = _reference_rows(tgt, shape, 0, None, EOS)
+    assert PAD == 0 and batch.src.dtype == torch.long
+    assert np.array_equal(batch.src.numpy(), want_src)
+    assert np.array_equal(batch.tgt_in.numpy(), want_in)
+    assert np.array_equal(batch.tgt_out.numpy(), want_out)
+    assert batch.indices is indices

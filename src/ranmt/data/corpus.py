@@ -90,6 +90,34 @@ class SubsetSequences(Sequence):
         return self.base[int(self.indices[index])]
 
 
+def gather(seqs: Sequence, indices: np.ndarray, limit: int | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences ``indices`` of ``seqs``, each cut to ``limit`` tokens, as (their tokens
+    concatenated (sum of lengths,) int64, their lengths (len(indices),) int64).
+
+    Stored sentences (:class:`TokenSequences`, possibly through :class:`SubsetSequences`)
+    are read with one fancy index of the flat array, not a Python loop over sentences."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if isinstance(seqs, SubsetSequences):
+        return gather(seqs.base, seqs.indices[indices], limit)
+    if isinstance(seqs, TokenSequences):
+        offsets = np.asarray(seqs.offsets)
+        starts = offsets[indices].astype(np.int64)
+        lengths = offsets[indices + 1].astype(np.int64) - starts
+        if limit is not None:
+            lengths = np.minimum(lengths, limit)
+        ends = np.cumsum(lengths)
+        # token k of the batch is token (k - its sentence's first k) of its sentence
+        within = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths,
+                                                                           lengths)
+        positions = np.repeat(starts, lengths) + within
+        return np.asarray(seqs.flat[positions], dtype=np.int64), lengths
+    chosen = [np.asarray(seqs[int(i)], dtype=np.int64)[:limit] for i in indices]
+    lengths = np.array([len(seq) for seq in chosen], dtype=np.int64)
+    flat = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+    return flat, lengths
+
+
 @dataclass
 class EncodedSplit:
     src: Sequence

@@ -68,9 +68,9 @@ train_step() {
     train hc-sa-fp32 45 hc-sa train.precision=fp32
     train hc-sa-bf16 45 hc-sa train.precision=bf16
     train transf-fp32-step-reads 45 transf train.precision=fp32 train.host_reads=step
-    # the caching allocator with 19 shapes of ~0.8 GB logits: a block cached per shape
-    # (PyTorch's default) against growable segments (ranmt's default on CUDA)
-    train transf-bf16-cached 45 transf train.precision=bf16 train.cuda_expandable_segments=false
+    # the caching allocator with 19 shapes of ~0.8 GB logits: growable segments instead
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        train transf-bf16-expandable 45 transf train.precision=bf16
     train transf-bf16-graphs 120 transf train.precision=bf16 train.compile=true \
         train.compile_mode=reduce-overhead "data.shape_buckets=[20,32,128]" \
         train.max_steps=$((STEPS * 2))  # compilation first: twice the steps

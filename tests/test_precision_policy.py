@@ -137,22 +137,3 @@ def test_cuda_policy_turns_cudnn_attention_off_and_a_cpu_policy_leaves_it():
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-
-
-def test_expandable_segments_asked_of_the_allocator_unless_the_environment_sets_it(
-        monkeypatch):
-    """use_expandable_segments hands the CUDA allocator expandable_segments:True, and leaves
-    an allocator configured by the environment alone (no GPU needed: the setter is faked)."""
-    from ranmt.runtime.precision import use_expandable_segments
-
-    settings = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", settings.append,
-                        raising=False)
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
-    assert use_expandable_segments() and settings == ["expandable_segments:True"]
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        monkeypatch.setenv(name, "max_split_size_mb:512")
-        assert not use_expandable_segments()
-        monkeypatch.delenv(name)
-    assert settings == ["expandable_segments:True"]

@@ -219,10 +219,6 @@ class TrainConfig:
     is never left waiting for the host; non-finite updates skipped on the device by fused
     Adam, a skipped step still counts as a step; not with fp16) | auto (log on CUDA, step
     elsewhere). ranmt.training.deferred."""
-    cuda_expandable_segments: bool = True
-    """On CUDA, the caching allocator grows segments in place instead of caching blocks per
-    batch shape (faster with changing batch shapes; ranmt.runtime.precision.
-    use_expandable_segments); PYTORCH_CUDA_ALLOC_CONF in the environment wins."""
     threads: int = 0
     """CPU threads for torch (0 = leave torch's default)."""
     compile: bool = False

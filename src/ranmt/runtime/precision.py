@@ -30,7 +30,6 @@ kernels; the loss is computed from fp32 logits (``ranmt.training.train.label_smo
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 from pathlib import Path
 
@@ -166,23 +165,6 @@ def avoid_cudnn_attention() -> None:
     batches change shape nearly every step and incremental decoding every step."""
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def use_expandable_segments() -> bool:
-    """Let CUDA's caching allocator grow its segments in place (``expandable_segments``)
-    rather than cache a block per batch shape; True when set here. Training batches come in
-    a score of shapes, each with ~1 GB of logits: with expandable segments a bf16 `base`
-    TransF trained at 317k against 296k target tokens/s on an H200 (PyTorch 2.11, CUDA 13;
-    docs/PERFORMANCE.md "On a GPU"). Left alone when the environment sets the allocator
-    (``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF``) or this PyTorch has no such
-    setting; call it before the process's first CUDA allocation."""
-    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
-        return False
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
-    if setter is None:
-        return False
-    setter("expandable_segments:True")
-    return True
 
 
 class PrecisionPolicy:

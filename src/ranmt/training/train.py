@@ -64,7 +64,7 @@ from ranmt.inference.translator import Translator
 from ranmt.model import build_model, count_parameters
 from ranmt.runtime.dropout import fast_masks
 from ranmt.runtime.memory import retain_freed_memory
-from ranmt.runtime.precision import PrecisionPolicy, legacy_precision, use_expandable_segments
+from ranmt.runtime.precision import PrecisionPolicy, legacy_precision
 from ranmt.training.deferred import DeviceTally
 from ranmt.training.distributed import (
     all_reduce_sum,
@@ -239,10 +239,6 @@ class TrainingRun:
             torch.set_num_threads(self.t.threads)
         if self.device.type == "cpu":
             retain_freed_memory()  # no page faults on every step's large buffers (memory.py)
-        if (self.device.type == "cuda" and self.t.cuda_expandable_segments
-                and use_expandable_segments()):
-            self.notes.append("note: CUDA allocator with expandable segments "
-                              "(train.cuda_expandable_segments)")
         torch.manual_seed(self.t.seed)
 
     def _setup_model_and_optimizer(self) -> None:

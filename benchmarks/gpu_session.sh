@@ -16,7 +16,7 @@
 # PyTorch, transformers, sentencepiece and sacrebleu but no network: the package runs from
 # src/ (PYTHONPATH), nothing is installed. Steps by name run only those, e.g.
 #   bash benchmarks/gpu_session.sh tests sdpa train
-# (steps: env tests train marian decode profile sdpa; env always runs; STEPS, RUNS choose the
+# (steps: env tests train marian decode latency profile sdpa; env always runs; STEPS, RUNS choose the
 # training steps and runs: RUNS="transf-fp32 transf-bf16" for two of them)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
@@ -92,6 +92,13 @@ decode_step() {
     timeout 110 python benchmarks/decode_syncs.py --device cuda --preset base \
         --arch transf ran-all --batch 32 100 --beam 4 --sentences 200 --repeats 1 \
         --check-every 8 --graphs --quantize none bf16 --no-reference-speed --fixed-only
+}
+
+# 4b. batch-1 latency (beam 4, fixed length 30): ms per sentence = (30 + EOS) / tok/s
+latency_step() {
+    timeout 140 python benchmarks/decode_syncs.py --device cuda --preset base \
+        --arch transf ran-all --batch 1 --beam 4 --sentences 8 --repeats 2 --check-every 8 \
+        --graphs --quantize none bf16 --no-reference-speed --fixed-only
 }
 
 # 5. where the trainer's host time goes (its step is host-bound at ~100 ms against the bare

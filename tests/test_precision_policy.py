@@ -13,6 +13,7 @@ from conftest import tiny_model
 from ranmt.data.corpus import EncodedSplit
 from ranmt.runtime.precision import (
     CUDA_AUTO_REASON,
+    CUDA_NO_BF16_REASON,
     PrecisionError,
     PrecisionPolicy,
     activation_dtype,
@@ -52,13 +53,14 @@ def test_cpu_with_bf16(monkeypatch):
 
 
 def test_cuda(monkeypatch):
-    """auto on CUDA: fp32 with TF32 (measured faster than bf16 for small/base models);
-    bf16 when asked for: plain autocast (fused SDPA kernels), no bf16 residual stream;
-    fused Adam either way."""
+    """auto on CUDA: bf16 autocast on a GPU with bf16 (measured faster than fp32/TF32),
+    fp32 with TF32 on one without; bf16: plain autocast (fused SDPA kernels), no bf16
+    residual stream; fused Adam either way."""
     _fake_gpu(monkeypatch, bf16=True)
     auto = PrecisionPolicy.resolve("auto", CUDA)
-    assert (auto.name, auto.reason, auto.tf32, auto.fused_optimizer) == \
-        ("fp32", CUDA_AUTO_REASON, True, True)
+    assert (auto.name, auto.reason, auto.autocast_dtype, auto.bf16_residual_stream,
+            auto.fused_optimizer) == ("bf16", CUDA_AUTO_REASON, torch.bfloat16, False, True)
+    assert PrecisionPolicy.resolve("fp32", CUDA).tf32
     bf16 = PrecisionPolicy.resolve("bf16", CUDA)
     assert (bf16.name, bf16.autocast_dtype, bf16.bf16_residual_stream, bf16.fused_optimizer) \
         == ("bf16", torch.bfloat16, False, True)
@@ -66,6 +68,8 @@ def test_cuda(monkeypatch):
     _fake_gpu(monkeypatch, bf16=False)
     with pytest.raises(PrecisionError, match="without bf16"):
         PrecisionPolicy.resolve("bf16", CUDA)
+    no_bf16 = PrecisionPolicy.resolve("auto", CUDA)
+    assert (no_bf16.name, no_bf16.reason, no_bf16.tf32) == ("fp32", CUDA_NO_BF16_REASON, True)
 
 
 def test_unknown_precision_is_an_error():

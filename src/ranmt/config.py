@@ -203,7 +203,8 @@ class TrainConfig:
     """Early stopping: validations without improvement before stopping (0 = off)."""
     precision: Precision = "auto"
     """fp32 | bf16 | fp16 | auto (bf16 on a CPU with native bf16 -- AVX512-BF16 or AMX --,
-    fp32 with TF32 products on CUDA, where it measured faster, else fp32;
+    bf16 autocast on a CUDA GPU with bf16, where it measured faster, fp32 with TF32 products
+    on other GPUs, else fp32;
     ranmt.runtime.precision)."""
     dropout_masks: DropoutMasks = "torch"
     """torch (PyTorch's dropout) | fast: CPU training draws dropout masks from bulk random

@@ -7,9 +7,10 @@ what a precision means there, in one place: on a CPU with native bf16, ``bf16`` 
 is plain bf16 autocast (SDPA runs its fused bf16 kernels; no CPU-only tricks), fp32 uses TF32
 matrix products, and the optimizer is PyTorch's fused Adam. ``policy.forward()`` is the
 context of every forward pass, so training, validation and the benchmarks run one numeric
-regime. ``auto`` (:func:`resolve_precision`): bf16 on a CPU with native bf16, fp32 with TF32
-on CUDA (bf16 autocast measured 0.50-0.69x of it for ``base`` on an H100, equal loss:
-docs/PERFORMANCE.md "On a GPU"), fp32 elsewhere; the reason goes into the log line.
+regime. ``auto`` (:func:`resolve_precision`): bf16 on a CPU with native bf16, bf16 autocast
+on a CUDA GPU with bf16 (``base`` TransF 1.14-1.24x fp32/TF32 at equal valid loss on an H200
+once the trainer stopped being host-bound; docs/PERFORMANCE.md "On a GPU"), fp32 (TF32
+products) on other GPUs, fp32 elsewhere; the reason goes into the log line.
 
 **Native bf16.** ``train.precision=auto`` picks bf16 on a CPU only where the CPU has bf16
 instructions (AVX512-BF16 or AMX-BF16, read from the CPU flags the kernel reports) — there
@@ -116,17 +117,19 @@ class PrecisionError(ValueError):
     pass
 
 
-CUDA_AUTO_REASON = ("auto: on CUDA fp32 with TF32 products trains small/base models faster"
-                    " than bf16 autocast at equal loss (0.50-0.69x for bf16 on an H100; "
-                    "docs/PERFORMANCE.md 'On a GPU')")
+CUDA_AUTO_REASON = ("auto: bf16 autocast on a CUDA GPU with bf16 (base TransF trained 1.14-1.24x"
+                    " faster than fp32/TF32 at equal valid loss on an H200, RAN-ALL 0.93-0.99x;"
+                    " docs/PERFORMANCE.md 'On a GPU')")
+CUDA_NO_BF16_REASON = "auto: this GPU has no bf16; fp32 with TF32 products where it has them"
 
 
 def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
     """``train.precision`` (auto | fp32 | bf16 | fp16) on ``device`` -> (fp32 | bf16 | fp16,
     the reason in words). ``auto``: bf16 on a CPU with native bf16
-    (:func:`cpu_bf16_support`), fp32 (TF32 products) on CUDA, where it measured faster
-    (:data:`CUDA_AUTO_REASON`), fp32 elsewhere. An explicit ``bf16`` on a CPU without native
-    bf16 is an error (it would run, emulated, slower than fp32); on a GPU without bf16 too."""
+    (:func:`cpu_bf16_support`), bf16 on a CUDA GPU with bf16, where it measured faster
+    (:data:`CUDA_AUTO_REASON`), fp32 (TF32 products) on other GPUs, fp32 elsewhere. An
+    explicit ``bf16`` on a CPU without native bf16 is an error (it would run, emulated,
+    slower than fp32); on a GPU without bf16 too."""
     if requested in ("fp32", "fp16"):
         return requested, "as configured"
     if requested not in ("auto", "bf16"):
@@ -134,7 +137,9 @@ def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
                              f"'{requested}'")
     if device.type == "cuda":
         if requested == "auto":
-            return "fp32", CUDA_AUTO_REASON
+            if torch.cuda.is_bf16_supported():
+                return "bf16", CUDA_AUTO_REASON
+            return "fp32", CUDA_NO_BF16_REASON
         if not torch.cuda.is_bf16_supported():
             raise PrecisionError("train.precision=bf16 on a GPU without bf16; use fp32 or fp16")
         return "bf16", "as configured"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ranmt.data.corpus import gather
+from ranmt.data.corpus import concatenated, gather
 from ranmt.data.vocab import BOS, EOS, PAD
 
 
@@ -214,14 +214,6 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=True), self.indices)
 
 
-def _flat(seqs: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens concatenated, lengths) of a list of sentences, both int64."""
-    lengths = np.fromiter((len(seq) for seq in seqs), dtype=np.int64, count=len(seqs))
-    if not len(seqs):
-        return np.zeros(0, dtype=np.int64), lengths
-    return np.concatenate([np.asarray(seq, dtype=np.int64) for seq in seqs]), lengths
-
-
 def _place(out: np.ndarray, flat: np.ndarray, lengths: np.ndarray, first: int) -> None:
     """Sentence r (of ``flat``/``lengths``) into ``out[r, first : first + length]``, every row
     at once: the True cells of a (rows, width) mask, in row-major order, are the concatenated
@@ -235,10 +227,7 @@ def _place(out: np.ndarray, flat: np.ndarray, lengths: np.ndarray, first: int) -
 
 def _sources(flat: np.ndarray, lengths: np.ndarray,
              shape: tuple[int, int] | None = None) -> torch.Tensor:
-    width = int(lengths.max(initial=0)) + 1
-    rows = len(lengths)
-    if shape is not None:
-        rows, width = _check_shape(shape, len(lengths), width)
+    rows, width = _frame(lengths, shape)
     out = np.full((rows, width), PAD, dtype=np.int64)  # on the host
     out[len(lengths):, 0] = EOS
     _place(out, flat, lengths, 0)
@@ -250,10 +239,15 @@ def pad_sources(seqs: list[np.ndarray] | list[list[int]],
                 shape: tuple[int, int] | None = None) -> torch.Tensor:
     """Sources + EOS, right-padded: (B, S); with ``shape`` (rows, S) padded to it, the extra
     rows a lone EOS."""
-    return _sources(*_flat(seqs), shape)
+    return _sources(*concatenated(seqs), shape)
 
 
-def _check_shape(shape: tuple[int, int], rows: int, width: int) -> tuple[int, int]:
+def _frame(lengths: np.ndarray, shape: tuple[int, int] | None) -> tuple[int, int]:
+    """(rows, width) of the padded tensor for sentences of ``lengths`` plus one BOS/EOS:
+    ``shape`` when given (it must hold them), else just large enough."""
+    rows, width = len(lengths), int(lengths.max(initial=0)) + 1
+    if shape is None:
+        return rows, width
     if shape[0] < rows or shape[1] < width:
         raise ValueError(f"a batch of {rows} x {width} does not fit the shape {shape}")
     return shape
@@ -263,10 +257,7 @@ def _collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.
                   indices: np.ndarray, shape: tuple[int, int] | None = None) -> Batch:
     """:func:`collate` of sentences given as (tokens concatenated, lengths) per side."""
     flat, lengths = tgt
-    width = int(lengths.max(initial=0)) + 1
-    rows = len(lengths)
-    if shape is not None:
-        rows, width = _check_shape(shape, len(lengths), width)
+    rows, width = _frame(lengths, shape)
     tgt_in = np.full((rows, width), PAD, dtype=np.int64)  # BOS, sentence, PAD...
     tgt_out = np.full((rows, width), PAD, dtype=np.int64)  # sentence, EOS, PAD...
     tgt_in[:, 0] = BOS
@@ -281,7 +272,7 @@ def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray,
             shape: tuple[int, int] | None = None) -> Batch:
     """Padded tensors of a batch; with ``shape`` (rows, length) both sides padded to it (the
     extra rows: a lone EOS source, BOS then PAD target input, PAD target output)."""
-    return _collate_flat(_flat(src), _flat(tgt), indices, shape)
+    return _collate_flat(concatenated(src), concatenated(tgt), indices, shape)
 
 
 def batch_from_split(split, indices: np.ndarray, max_positions: int | None = None,

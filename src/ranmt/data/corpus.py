@@ -112,10 +112,15 @@ def gather(seqs: Sequence, indices: np.ndarray, limit: int | None = None
                                                                            lengths)
         positions = np.repeat(starts, lengths) + within
         return np.asarray(seqs.flat[positions], dtype=np.int64), lengths
-    chosen = [np.asarray(seqs[int(i)], dtype=np.int64)[:limit] for i in indices]
-    lengths = np.array([len(seq) for seq in chosen], dtype=np.int64)
-    flat = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
-    return flat, lengths
+    return concatenated([np.asarray(seqs[int(i)])[:limit] for i in indices])
+
+
+def concatenated(seqs: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """A list of sentences as (their tokens concatenated, their lengths), both int64."""
+    lengths = np.fromiter((len(seq) for seq in seqs), dtype=np.int64, count=len(seqs))
+    if not len(seqs):
+        return np.zeros(0, dtype=np.int64), lengths
+    return np.concatenate([np.asarray(seq, dtype=np.int64) for seq in seqs]), lengths
 
 
 @dataclass

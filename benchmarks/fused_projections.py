@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ranmt.attention import base, dot_product, gaussian
+from ranmt.attention import base, dot_product
 from ranmt.config import load_config
 from ranmt.model import build_model
 from ranmt.runtime.precision import PrecisionPolicy, bf16_activations
@@ -29,17 +29,15 @@ from ranmt.training.loss import label_smoothed_loss
 @contextlib.contextmanager
 def plain_full_pass():
     """Within: separate Q/K/V products and masks built per layer (the code before)."""
-    saved = (base.shared_in_pass, gaussian.shared_in_pass, dot_product.additive_mask,
-             dot_product.DotProductAttention._full_pass_projection)
-    base.shared_in_pass = gaussian.shared_in_pass = lambda key, inputs, build: build()
-    dot_product.additive_mask = lambda allowed, dtype: allowed
+    saved = dot_product.DotProductAttention._full_pass_projection
+    base.PassMasks.share = False
     dot_product.DotProductAttention._full_pass_projection = (
         lambda self, x, name, projections: [p(x) for p in projections])
     try:
         yield
     finally:
-        (base.shared_in_pass, gaussian.shared_in_pass, dot_product.additive_mask,
-         dot_product.DotProductAttention._full_pass_projection) = saved
+        base.PassMasks.share = True
+        dot_product.DotProductAttention._full_pass_projection = saved
 
 
 def step_times(arch: str, args) -> dict[str, list[float]]:

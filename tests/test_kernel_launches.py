@@ -3,7 +3,7 @@
 Counted on the CPU by dispatched aten operator (``benchmarks/count_ops.py``): the counts
 are the same on any device. A full pass makes one product for the self-attention's Q, K, V
 and one for the cross-attention's K, V; masks (and HC-SA's Gaussian weights) are built once
-per pass and shared by the layers (``ranmt.attention.base.shares_masks``); and neither
+per pass and shared by the layers (``ranmt.attention.base.PassMasks``); and neither
 changes what the model computes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ranmt.attention import base, dot_product, gaussian
+from ranmt.attention import base
 from ranmt.attention.dot_product import DotProductAttention
 from ranmt.config import load_config
 from ranmt.model import build_model
@@ -66,9 +66,22 @@ def test_hard_coded_weights_are_built_once_per_pass_and_role():
     assert shallow["exp"] == deep["exp"] == 2  # encoder self, decoder self
 
 
-def test_no_mask_outlives_its_pass():
-    _forward_ops(_model("transf", 2))
-    assert getattr(base._shared, "masks", None) is None
+def test_masks_are_shared_within_a_pass_only():
+    """Two passes over batches with different padding: each gets its own masks (a mask of
+    the first pass reused by the second would give the second the first's logits)."""
+    model = _model("transf", 2).eval()
+    src, tgt = _batch()
+    other = src.clone()
+    other[1, 4:] = 0  # more padding in another sentence
+    with torch.no_grad():
+        model(src, tgt)
+        shared = model(other, tgt)
+        base.PassMasks.share = False
+        try:
+            plain = model(other, tgt)
+        finally:
+            base.PassMasks.share = True
+    torch.testing.assert_close(shared, plain)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa"])
@@ -89,12 +102,10 @@ def test_fused_projections_and_shared_masks_compute_what_the_plain_model_does(
 
     torch.manual_seed(5)
     fused_logits, fused_grads = run()
-    for module in (base, gaussian):
-        monkeypatch.setattr(module, "shared_in_pass", lambda key, inputs, build: build())
+    monkeypatch.setattr(base.PassMasks, "share", False)
     monkeypatch.setattr(
         DotProductAttention, "_full_pass_projection",
         lambda self, x, name, projections: [p(x) for p in projections])
-    monkeypatch.setattr(dot_product, "additive_mask", lambda allowed, dtype: allowed)
     torch.manual_seed(5)
     plain_logits, plain_grads = run()
     torch.testing.assert_close(fused_logits, plain_logits, rtol=1e-5, atol=1e-5)

@@ -158,6 +158,11 @@ class DataConfig:
     """Upper bound on sentences per batch (0 = none)."""
     bucket_noise: float = 0.5
     """Random noise added to lengths before sorting, so batches differ between epochs."""
+    pool_batches: int = 8
+    """Sentences sorted by target length are cut into pools of this many batches' tokens,
+    each pool sorted again by source length before it is cut into batches (Marian's
+    maxi-batches): batches close in length on both sides, less padding (the log's ``fill``).
+    0 = one sort by target length (the plan before 2026-11-28). Not with shape_buckets."""
     shape_buckets: tuple[int, ...] = ()
     """Training batches padded to a few static shapes: a batch's length (both sides) to the
     smallest of these lengths that holds it, its sentences to max_tokens // that length

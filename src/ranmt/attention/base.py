@@ -28,15 +28,15 @@ the variant is:
   at its own position, and a reorder copies each row's written slots only
   (:func:`gather_histories`).
 * ``need_weights``: also return the attention weights (B, H, T, S) for analysis.
+* ``masks``: the :class:`PassMasks` of the forward pass (masks built once, shared by the
+  layers), or None (built per call).
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +103,7 @@ class Attention(nn.Module):
         state: Any = None,
         cache: AttentionCache | None = None,
         need_weights: bool = False,
+        masks: PassMasks | None = None,
     ) -> AttnOutput:
         raise NotImplementedError
 
@@ -327,73 +328,93 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, heads * dim)
 
 
-_shared = threading.local()
-"""``_shared.masks``: the memo of :func:`shares_masks` in this thread (None outside)."""
+class PassMasks:
+    """The masks of one forward pass, built once and shared by the layers that need them.
 
+    A stack's forward creates one (``Seq2Seq.forward`` one for both stacks) and hands it to
+    every attention call (``masks=``): the causal mask, the padding mask's negation, the
+    additive mask ``scaled_dot_product_attention`` would derive from a boolean one, HC-SA's
+    Gaussian weights — each a kernel launch per layer on a GPU if built per layer. A plain
+    object local to the pass: masks are keyed by what they are built from (role, shapes,
+    offsets, flags), never by tensor identity or global state, and one pass has one key
+    padding mask per side (the source's). A mask derived from another (``~allowed``) is
+    found by the object it came from. In a traced (compiled) forward every mask is built
+    where it is used: the compiler removes the repeats, and nothing is guarded on.
+    ``share = False`` (class attribute) builds every mask per use: the code before sharing,
+    for parity tests and benchmarks.
+    """
 
-def shares_masks(method: Callable) -> Callable:
-    """Decorates a model's forward: within one call, a mask built from the same inputs is
-    built once and shared by every layer, instead of once per layer (the causal mask, the
-    padding mask's negation, the additive mask ``scaled_dot_product_attention`` would
-    derive from a boolean one on each call): on a GPU each of those is a kernel launch per
-    layer. Masks are keyed by the identity of their input tensors, which the memo keeps
-    alive, so an id is not reused while the memo holds it. Nested calls share the outer
-    memo; a traced (compiled) forward builds every mask (the compiler removes repeats)."""
+    share = True
 
-    @functools.wraps(method)
-    def with_shared_masks(*args, **kwargs):
-        if torch.compiler.is_compiling() or getattr(_shared, "masks", None) is not None:
-            return method(*args, **kwargs)
-        _shared.masks = {}
-        try:
-            return method(*args, **kwargs)
-        finally:
-            _shared.masks = None
+    def __init__(self):
+        self._built: dict[tuple, Tensor | None] = {}
+        self._sources: list[tuple[Tensor, tuple]] = []  # (mask, its key) for derived masks
 
-    return with_shared_masks
+    def _sharing(self) -> bool:
+        return self.share and not torch.compiler.is_compiling()
 
+    def get(self, key: tuple, build: Callable[[], Tensor | None]) -> Tensor | None:
+        """``build()``, once per ``key`` in this pass."""
+        if not self._sharing():
+            return build()
+        if key not in self._built:
+            value = build()
+            self._built[key] = value
+            if isinstance(value, Tensor):
+                self._sources.append((value, key))
+        return self._built[key]
 
-def shared_in_pass(key: tuple, inputs: tuple, build: Callable[[], Tensor | None]) -> Tensor | None:
-    """``build()``, once per ``key`` within :func:`shares_masks` (``inputs``: the tensors the
-    key names by id, kept alive with the result)."""
-    memo = getattr(_shared, "masks", None)
-    if memo is None or torch.compiler.is_compiling():
+    def derived(self, source: Tensor, kind: tuple, build: Callable[[], Tensor]) -> Tensor:
+        """``build()`` of a mask derived from ``source``: once per pass when ``source`` was
+        built here (:meth:`get`), else every time."""
+        if self._sharing():
+            for tensor, key in self._sources:
+                if tensor is source:
+                    return self.get(kind + key, build)
         return build()
-    if key not in memo:
-        memo[key] = (build(), inputs)
-    return memo[key][0]
 
 
-def blocked_mask(allowed: Tensor) -> Tensor:
-    """``~allowed`` (True where attention is *not* allowed), shared within :func:`shares_masks`."""
-    return shared_in_pass(("blocked", id(allowed)), (allowed,), lambda: ~allowed)
+def blocked_mask(allowed: Tensor, masks: PassMasks | None = None) -> Tensor:
+    """``~allowed`` (True where attention is *not* allowed), once per pass with ``masks``."""
+    if masks is None:
+        return ~allowed
+    return masks.derived(allowed, ("blocked",), lambda: ~allowed)
 
 
-def additive_mask(allowed: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """The ``attn_mask`` for ``scaled_dot_product_attention``: within :func:`shares_masks`, 0
+def additive_mask(allowed: Tensor | None, dtype: torch.dtype, masks: PassMasks | None = None
+                  ) -> Tensor | None:
+    """The ``attn_mask`` for ``scaled_dot_product_attention``: with ``masks`` (sharing), 0
     where ``allowed`` and -inf elsewhere in ``dtype`` (the conversion the kernel makes of a
-    boolean mask on every call, made once); outside, ``allowed`` itself."""
-    if allowed is None or getattr(_shared, "masks", None) is None:
+    boolean mask on every call, made once per pass); otherwise ``allowed`` itself."""
+    if allowed is None or masks is None or not masks._sharing():
         return allowed
-    return shared_in_pass(("additive", id(allowed), dtype), (allowed,),
-                     lambda: torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-                     .masked_fill_(blocked_mask(allowed), float("-inf")))
+    return masks.derived(allowed, ("additive", dtype),
+                         lambda: torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+                         .masked_fill_(blocked_mask(allowed, masks), float("-inf")))
+
+
+def padding_key(key_padding_mask: Tensor | None) -> tuple | None:
+    """What names a key padding mask in a :class:`PassMasks` key: its shape (one pass has
+    one padding mask per side; grouped and expanded copies differ in shape)."""
+    return None if key_padding_mask is None else tuple(key_padding_mask.shape)
 
 
 def build_mask(
     key_padding_mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
-    device: torch.device,
+    device: torch.device, masks: PassMasks | None = None,
 ) -> Tensor | None:
     """Boolean mask (B or 1, 1, T, S), True where attention is *allowed*; None if all allowed.
 
     ``q_offset`` is the absolute position of the first query (for incremental decoding).
-    Within :func:`shares_masks` a mask is built once per pass and shared by the layers.
+    With ``masks`` a mask is built once per pass and shared by the layers.
     """
     if key_padding_mask is None and not causal:
         return None
-    key = ("allowed", id(key_padding_mask), causal, device,
+    if masks is None:
+        return _build_mask(key_padding_mask, causal, q_len, k_len, q_offset, device)
+    key = ("allowed", padding_key(key_padding_mask), causal, device,
            (q_offset, q_len, k_len) if causal else None)
-    return shared_in_pass(key, (key_padding_mask,), lambda: _build_mask(
+    return masks.get(key, lambda: _build_mask(
         key_padding_mask, causal, q_len, k_len, q_offset, device))
 
 

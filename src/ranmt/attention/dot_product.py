@@ -25,6 +25,7 @@ from ranmt.attention.base import (
     Attention,
     AttentionSpec,
     AttnOutput,
+    PassMasks,
     VersionedCache,
     additive_mask,
     blocked_mask,
@@ -142,7 +143,7 @@ class DotProductAttention(Attention):
         return split_heads(q, self.heads), k, v
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
-                cache=None, need_weights=False) -> AttnOutput:
+                cache=None, need_weights=False, masks=None) -> AttnOutput:
         # Per-row positions (step-level batching, ``ranmt.inference.continuous``): rows at different
         # steps, each attending to its own history (base.rows_allowed).
         at_rows = cache is not None and cache.positions is not None
@@ -164,7 +165,8 @@ class DotProductAttention(Attention):
         # where explicit products beat the fused kernel's per-call overhead (~6% of a step).
         few_queries = fast_decoder
         if self.is_cross and k.shape[0] != q.shape[0]:
-            return self._grouped(q, k, v, key_padding_mask, need_weights, state, few_queries)
+            return self._grouped(q, k, v, key_padding_mask, need_weights, state, few_queries,
+                                 masks)
         q_len, k_len = q.shape[2], k.shape[2]
         # In incremental self-attention the single query sits at the last key position,
         # so causality is automatic; in full passes the mask is built from positions.
@@ -174,20 +176,21 @@ class DotProductAttention(Attention):
             allowed = rows_allowed(cache, k_len)  # (B, 1, 1, S >= span)
         else:
             allowed = build_mask(key_padding_mask, causal and not incremental, q_len, k_len,
-                                 q_offset, q.device)
+                                 q_offset, q.device, masks)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
-            weights = _attention_weights(q, k, allowed)  # (B, H, T, S)
+            weights = _attention_weights(q, k, allowed, masks)  # (B, H, T, S)
             context = dropout(weights, dropout_p, self.training) @ v
         elif few_queries and not self.training:
-            context = _explicit_attention(q, k, v, allowed)
+            context = _explicit_attention(q, k, v, allowed, masks)
         else:
-            context = _fused_attention(q, k, v, allowed, dropout_p)
+            context = _fused_attention(q, k, v, allowed, dropout_p, masks)
         return AttnOutput(self.out_proj(merge_heads(context)), weights, state)
 
     def _grouped(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None,
-                 need_weights: bool, state, few_queries: bool = False) -> AttnOutput:
+                 need_weights: bool, state, few_queries: bool = False,
+                 masks: PassMasks | None = None) -> AttnOutput:
         """Cross-attention of B = n * g query rows (g per sentence, one step: T = 1) against
         keys/values of the n sentences (n, H, S, d_h): the g queries of a sentence become
         the query length of one attention call."""
@@ -195,20 +198,21 @@ class DotProductAttention(Attention):
         sentences = k.shape[0]
         group = rows // sentences
         q = q.view(sentences, group, heads, head_dim).transpose(1, 2)  # (n, H, g, d_h)
-        allowed = build_mask(key_padding_mask, False, group, k.shape[2], 0, q.device)  # (n,1,1,S)
+        allowed = build_mask(key_padding_mask, False, group, k.shape[2], 0, q.device,
+                             masks)  # (n, 1, 1, S)
         weights = None
         if need_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (n, H, g, S)
             if allowed is not None:
-                scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
+                scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
             weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
             context = weights @ v
             weights = weights.transpose(1, 2).reshape(rows, heads, 1, -1)  # (B, H, 1, S)
         elif few_queries:
-            context = _explicit_attention(q, k, v, allowed)
+            context = _explicit_attention(q, k, v, allowed, masks)
         else:
             context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=additive_mask(allowed, q.dtype))
+                q, k, v, attn_mask=additive_mask(allowed, q.dtype, masks))
         context = context.transpose(1, 2).reshape(rows, 1, heads * head_dim)  # (B, 1, d)
         return AttnOutput(self.out_proj(context), weights, state)
 
@@ -220,7 +224,7 @@ def _concatenated(projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor]:
 
 
 def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
-                     dropout_p: float) -> Tensor:
+                     dropout_p: float, masks: PassMasks | None = None) -> Tensor:
     """``scaled_dot_product_attention`` (B, H, T, d_h) -> (B, H, T, d_h). bf16 training on a
     CPU runs it in fp32: PyTorch's CPU flash-attention backward is ~5x slower in bf16 than
     in fp32 at these sizes (benchmarks/profile_train.py), and the products inside are too
@@ -229,37 +233,40 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
     (which is what ``scaled_dot_product_attention`` runs on a CPU with dropout), with the
     fast masks."""
     if dropout_p > 0.0 and q.device.type == "cpu" and fast_masks_on():
-        return _attention_with_fast_dropout(q, k, v, allowed, dropout_p)
+        return _attention_with_fast_dropout(q, k, v, allowed, dropout_p, masks)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled():
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(
-                q.float(), k.float(), v.float(), attn_mask=additive_mask(allowed, torch.float32),
+                q.float(), k.float(), v.float(),
+                attn_mask=additive_mask(allowed, torch.float32, masks),
                 dropout_p=dropout_p).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask(allowed, q.dtype),
-                                          dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=additive_mask(allowed, q.dtype, masks), dropout_p=dropout_p)
 
 
 def _attention_with_fast_dropout(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
-                                 dropout_p: float) -> Tensor:
+                                 dropout_p: float, masks: PassMasks | None = None) -> Tensor:
     """dropout(softmax(q k^T / sqrt(d_h))) v (B, H, T, d_h) -> (B, H, T, d_h), the softmax in
     fp32 (rows with nothing allowed give zeros, as PyTorch's kernel), the dropout through
     :func:`ranmt.runtime.dropout.dropout` (training)."""
-    return dropout(_attention_weights(q, k, allowed), dropout_p, True) @ v
+    return dropout(_attention_weights(q, k, allowed, masks), dropout_p, True) @ v
 
 
-def _attention_weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
+def _attention_weights(q: Tensor, k: Tensor, allowed: Tensor | None,
+                       masks: PassMasks | None = None) -> Tensor:
     """softmax(q k^T / sqrt(d_h)) (B, H, T, S) in fp32, cast to q's dtype; keys not
     ``allowed`` get no weight, rows with none allowed are zeros."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if allowed is not None:
-        scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
+        scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
     return torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
 
 
-def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None,
+                        masks: PassMasks | None = None) -> Tensor:
     """softmax(q k^T / sqrt(d_h)) v with ``allowed`` (True = may attend) for a few queries:
     q (B, H, T, d_h), k/v (B, H, S, d_h) -> (B, H, T, d_h)."""
     scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
     if allowed is not None:
-        scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
+        scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v

@@ -31,10 +31,11 @@ from ranmt.attention.base import (
     Attention,
     AttentionSpec,
     AttnOutput,
+    PassMasks,
     append_values,
     build_mask,
     merge_heads,
-    shared_in_pass,
+    padding_key,
     split_heads,
 )
 from ranmt.attention.cache import AttentionCache
@@ -120,24 +121,27 @@ class GaussianAttention(Attention):
             nn.init.zeros_(proj.bias)
 
     def weights_for(self, q_offset: int | Tensor, q_len: int, k_len: int,
-                    key_padding_mask: Tensor | None, causal: bool, device) -> Tensor:
+                    key_padding_mask: Tensor | None, causal: bool, device,
+                    masks: PassMasks | None = None) -> Tensor:
         """(B|1, H, T, S) weights with masked keys at exactly 0. ``q_offset`` a (B,) tensor:
         one query per row at its own position (step-level batching)."""
         if isinstance(q_offset, Tensor):
             return self._weights_at_rows(q_offset, k_len, key_padding_mask, causal)
-        # the same for every layer of a role: built once per forward pass (base.shares_masks)
+        if masks is None:
+            return self._weights(q_offset, q_len, k_len, key_padding_mask, causal, device)
+        # the same for every layer of a role: built once per forward pass (base.PassMasks)
         key = ("gaussian", self.role, self.heads, self.sigma, self.implementation, self.gamma,
-               q_offset, q_len, k_len, id(key_padding_mask), causal, device)
-        return shared_in_pass(key, (key_padding_mask,), lambda: self._weights(
-            q_offset, q_len, k_len, key_padding_mask, causal, device))
+               q_offset, q_len, k_len, padding_key(key_padding_mask), causal, device)
+        return masks.get(key, lambda: self._weights(
+            q_offset, q_len, k_len, key_padding_mask, causal, device, masks))
 
     def _weights(self, q_offset: int, q_len: int, k_len: int, key_padding_mask: Tensor | None,
-                 causal: bool, device) -> Tensor:
+                 causal: bool, device, masks: PassMasks | None = None) -> Tensor:
         """(B|1, H, T, S) weights of queries q_offset .. q_offset + q_len - 1."""
         positions = torch.arange(q_offset, q_offset + q_len, device=device)
         centres = head_centres(self.role, self.heads, positions, self.gamma)
         weights = hard_coded_weights(centres, k_len, self.sigma, self.implementation)[None]
-        allowed = build_mask(key_padding_mask, causal, q_len, k_len, q_offset, device)
+        allowed = build_mask(key_padding_mask, causal, q_len, k_len, q_offset, device, masks)
         if allowed is not None:
             weights = weights * allowed
         return weights
@@ -156,7 +160,7 @@ class GaussianAttention(Attention):
         return weights
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
-                cache=None, need_weights=False) -> AttnOutput:
+                cache=None, need_weights=False, masks=None) -> AttnOutput:
         q_offset = 0
         if cache is not None and self.role == "cross":
             if cache.v is None:
@@ -169,7 +173,7 @@ class GaussianAttention(Attention):
         else:
             values = split_heads(self.value_proj(memory), self.heads)  # (B, H, S, d_h)
         weights = self.weights_for(q_offset, query.shape[1], values.shape[2], key_padding_mask,
-                                   causal, query.device).to(values.dtype)
+                                   causal, query.device, masks).to(values.dtype)
         context = weights @ values  # (B, H, T, d_h)
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, state)

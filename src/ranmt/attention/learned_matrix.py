@@ -95,7 +95,7 @@ class LearnedMatrixAttention(Attention):
                              f"(model.max_positions={self.max_positions})")
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
-                cache=None, need_weights=False) -> AttnOutput:
+                cache=None, need_weights=False, masks=None) -> AttnOutput:
         values = _split(self.value_proj(memory), self.heads)  # (B, H, S, d_h)
         if cache is not None:
             return self._incremental(values, cache, need_weights)
@@ -110,9 +110,10 @@ class LearnedMatrixAttention(Attention):
             else:
                 matrix, next_state = self.layer_matrix(state, q_len)  # (H, T, N)
             scores = matrix[None, :, :q_len, :k_len].float()  # (1, H, T, S)
-            allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device)
+            allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device,
+                                 masks)
             if allowed is not None:
-                scores = scores.masked_fill(blocked_mask(allowed), float("-inf"))
+                scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
         if self.training and self.dropout > 0:
             # One dropout mask per sentence, as in any dropout: weights shared by the batch

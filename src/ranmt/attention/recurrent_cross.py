@@ -112,7 +112,7 @@ class RecurrentCrossAttention(DotProductAttention):
         return torch.stack(weights, 2), torch.stack(contexts, 2), state
 
     def forward(self, query, memory, *, key_padding_mask=None, causal=False, state=None,
-                cache=None, need_weights=False) -> AttnOutput:
+                cache=None, need_weights=False, masks=None) -> AttnOutput:
         batch = query.shape[0]
         queries = split_heads(self.q_proj(query), self.heads)  # (B, H, T, d_k)
         keys, values = self._keys_values(memory, cache)  # (B, H, S, d_k), cached once

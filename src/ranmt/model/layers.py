@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ranmt.attention.base import Attention
+from ranmt.attention.base import Attention, PassMasks
 from ranmt.attention.cache import LayerCache
 from ranmt.runtime.dropout import Dropout
 from ranmt.runtime.precision import activation_dtype
@@ -149,14 +149,16 @@ class Sublayer(nn.Module):
 
 def _attend(sublayer: Sublayer, attention: Attention, x: Tensor, memory: Tensor | None,
             key_padding_mask: Tensor | None, causal: bool, state: Any, cache: dict | None,
-            need_weights: bool) -> tuple[Tensor, Any, Tensor | None]:
-    """One attention sublayer with its residual: memory None means self-attention.
+            need_weights: bool, masks: PassMasks | None) -> tuple[Tensor, Any, Tensor | None]:
+    """One attention sublayer with its residual: memory None means self-attention;
+    ``masks``: the pass's shared masks.
 
     Returns (x after the sublayer, state for the next layer, weights or None).
     """
     h = sublayer.normed_input(x)
     out = attention(h, h if memory is None else memory, key_padding_mask=key_padding_mask,
-                    causal=causal, state=state, cache=cache, need_weights=need_weights)
+                    causal=causal, state=state, cache=cache, need_weights=need_weights,
+                    masks=masks)
     return sublayer.residual(x, out.context), out.state, out.weights
 
 
@@ -172,12 +174,14 @@ class EncoderLayer(nn.Module):
         self.ffn_sub = Sublayer(d_model, dropout, pre_norm) if ffn is not None else None
 
     def forward(self, x: Tensor, pad_mask: Tensor, state: Any = None,
-                need_weights: bool = False) -> tuple[Tensor, Any, Tensor | None]:
-        """x (B, S, d), pad_mask (B, S) -> (x, state for next layer, weights (B,H,S,S)|None)."""
+                need_weights: bool = False, masks: PassMasks | None = None
+                ) -> tuple[Tensor, Any, Tensor | None]:
+        """x (B, S, d), pad_mask (B, S) -> (x, state for next layer, weights (B,H,S,S)|None);
+        ``masks``: the pass's masks, shared by the layers."""
         weights = None
         if self.self_attention is not None:
             x, state, weights = _attend(self.attn_sub, self.self_attention, x, None, pad_mask,
-                                        False, state, None, need_weights)
+                                        False, state, None, need_weights, masks)
         if self.ffn is not None:
             x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
         return x, state, weights
@@ -201,20 +205,22 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor, src_pad_mask: Tensor, self_state: Any = None,
                 cross_state: Any = None, cache: LayerCache | None = None,
-                need_weights: bool = False):
+                need_weights: bool = False, masks: PassMasks | None = None):
         """x (B, T, d), memory (B, S, d) -> (x, self_state, cross_state, weights dict).
 
-        ``cache`` (incremental decoding): the layer's self- and cross-attention caches.
+        ``cache`` (incremental decoding): the layer's self- and cross-attention caches;
+        ``masks``: the pass's masks, shared by the layers.
         """
         weights: dict[str, Tensor | None] = {}
         if self.self_attention is not None:
             x, self_state, weights["self"] = _attend(
                 self.self_sub, self.self_attention, x, None, None, True, self_state,
-                None if cache is None else cache.self_attention, need_weights)
+                None if cache is None else cache.self_attention, need_weights, masks)
         if self.cross_attention is not None:
             x, cross_state, weights["cross"] = _attend(
                 self.cross_sub, self.cross_attention, x, memory, src_pad_mask, False,
-                cross_state, None if cache is None else cache.cross_attention, need_weights)
+                cross_state, None if cache is None else cache.cross_attention, need_weights,
+                masks)
         if self.ffn is not None:
             x = self.ffn_sub.residual(x, self.ffn(self.ffn_sub.normed_input(x)))
         return x, self_state, cross_state, weights

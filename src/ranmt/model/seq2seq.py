@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ranmt.attention import AttentionSpec, build_attention, build_shared, reorder_cache
-from ranmt.attention.base import shares_masks, whole_span_plan
+from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
@@ -35,14 +35,16 @@ class Encoder(nn.Module):
         attention = self.layers[0].self_attention
         return attention.initial_state() if attention is not None else None
 
-    @shares_masks
-    def forward(self, src: Tensor, pad_mask: Tensor, need_weights: bool = False):
-        """src (B, S), pad_mask (B, S) -> memory (B, S, d), list of per-layer weights."""
+    def forward(self, src: Tensor, pad_mask: Tensor, need_weights: bool = False,
+                masks: PassMasks | None = None):
+        """src (B, S), pad_mask (B, S) -> memory (B, S, d), list of per-layer weights.
+        ``masks``: the pass's shared masks (a new set when None)."""
+        masks = PassMasks() if masks is None else masks
         x = self.embedder(src)
         state = self.initial_state()
         all_weights = []
         for layer in self.layers:
-            x, state, weights = layer(x, pad_mask, state, need_weights)
+            x, state, weights = layer(x, pad_mask, state, need_weights, masks)
             all_weights.append(weights)
         return self.final_norm(x), all_weights
 
@@ -76,15 +78,17 @@ class Decoder(nn.Module):
                                     "output")
         return self.output(x)
 
-    @shares_masks
     def forward(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
-                cache: DecoderCache | None = None, need_weights: bool = False):
+                cache: DecoderCache | None = None, need_weights: bool = False,
+                masks: PassMasks | None = None):
         """tgt_in (B, T) -> logits (B, T, V), per-layer weight dicts.
 
         With ``cache`` (incremental decoding) ``tgt_in`` is (B, 1) at position ``cache.step``,
         or, when ``cache.positions`` (B,) is set (step-level batching), row r at position
-        ``positions[r]`` (``cache.span``: the largest position + 1).
+        ``positions[r]`` (``cache.span``: the largest position + 1). ``masks``: the pass's
+        shared masks (a new set when None).
         """
+        masks = PassMasks() if masks is None else masks
         positions = None if cache is None else cache.positions
         offset = 0 if cache is None else cache.step if positions is None else positions
         x = self.embedder(tgt_in, offset, None if positions is None else cache.span)
@@ -98,7 +102,8 @@ class Decoder(nn.Module):
                     part.step = cache.step
                     part.positions, part.span = positions, cache.span
             x, self_state, cross_state, weights = layer(
-                x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights)
+                x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights,
+                masks)
             all_weights.append(weights)
         return self.project(self.final_norm(x)), all_weights
 
@@ -113,20 +118,22 @@ class Seq2Seq(nn.Module):
         self.config = config
         self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
 
-    def encode(self, src: Tensor, need_weights: bool = False):
+    def encode(self, src: Tensor, need_weights: bool = False, masks: PassMasks | None = None):
         """src (B, S) -> memory (B, S, d), pad mask (B, S), encoder weights."""
         pad_mask = src.eq(self.pad_id)
-        memory, weights = self.encoder(src, pad_mask, need_weights)
+        memory, weights = self.encoder(src, pad_mask, need_weights, masks)
         return memory, pad_mask, weights
 
-    @shares_masks
     def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False):
         """Teacher-forced pass: src (B, S), tgt_in (B, T) -> logits (B, T, V).
 
         With ``need_weights`` returns ``(logits, {"encoder": [...], "decoder": [...]})``.
+        One set of masks serves both stacks (the source's padding mask is the same).
         """
-        memory, pad_mask, enc_weights = self.encode(src, need_weights)
-        logits, dec_weights = self.decoder(tgt_in, memory, pad_mask, need_weights=need_weights)
+        masks = PassMasks()
+        memory, pad_mask, enc_weights = self.encode(src, need_weights, masks)
+        logits, dec_weights = self.decoder(tgt_in, memory, pad_mask, need_weights=need_weights,
+                                           masks=masks)
         if need_weights:
             return logits, {"encoder": enc_weights, "decoder": dec_weights}
         return logits

@@ -9,7 +9,7 @@ with a
 copy of its weight reordered for oneDNN (``torch.ops.mkldnn._reorder_linear_weight``, the
 op PyTorch's own compiler uses for frozen CPU graphs), cached per weight and rebuilt when the
 weight changes (its version counter or storage). Training and every other device or dtype
-use ``F.linear`` unchanged.
+(bf16 on a CPU whose oneDNN cannot pack it) use ``F.linear`` unchanged.
 
 ``RANMT_ONEDNN=0`` in the environment (or :func:`set_enabled`) turns the packed path off.
 Results differ from ``F.linear`` by float rounding only (~1e-6 relative).
@@ -43,7 +43,15 @@ def available() -> bool:
 _AVAILABLE = available()
 
 
-_DTYPES = (torch.float32, torch.bfloat16)
+def _packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU: it needs AVX512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and refuses otherwise (an AMD Zen 3 has AVX2 only); bf16 products then
+    go through ``F.linear``."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(probe is not None and probe())
+
+
+_DTYPES = (torch.float32, torch.bfloat16) if _AVAILABLE and _packs_bf16() else (torch.float32,)
 
 
 def _applies(x: Tensor, weight: Tensor) -> bool:

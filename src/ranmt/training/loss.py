@@ -63,3 +63,13 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float
     (B, T, V) of any float dtype, target (B, T)."""
     flat_logits = logits.reshape(-1, logits.shape[-1])
     return _SmoothedCrossEntropy.apply(flat_logits, target.reshape(-1), float(smoothing))
+
+
+def teacher_forced_loss(model: torch.nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor,
+                        smoothing: float) -> tuple[Tensor, Tensor]:
+    """A training step's forward: the teacher-forced pass src (B, S), tgt_in (B, T) -> logits
+    (B, T, V) and their :func:`label_smoothed_loss` against tgt_out (B, T). One function, so
+    that ``torch.compile`` traces forward and loss as one graph (``fullgraph=True``: no graph
+    break in any registered variant) and AOTAutograd derives one backward graph for both."""
+    return label_smoothed_loss(model(src, tgt_in), tgt_out, smoothing)
+

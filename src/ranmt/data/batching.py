@@ -92,11 +92,12 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     batches' tokens and each pool is ordered again by (source, target) length before it is
     cut into batches: a batch then holds sentences close in length on both sides, not on
     the target side alone (fill 80% -> 95% of the slots on Multi30k at 4,096 tokens, 79% ->
-    96% on WMT-like lengths at 25,000 with pools of 8: ``benchmarks/batch_fill.py``). With ``buckets`` the examples are ordered by bucketed
-    width (then source length, noise as above) and cut on bucketed widths, so every batch
-    holds one bucket's examples and fits its padded shape. Vectorised: one pass of numpy
-    operations per batch over a window no longer than the batch can be, never a Python
-    loop over the examples (:func:`_greedy_cuts`).
+    96% on WMT-like lengths at 25,000 with pools of 8: ``benchmarks/batch_fill.py``). With
+    ``buckets`` the examples are ordered by bucketed width (then source length, noise as
+    above) and cut on bucketed widths, so every batch holds one bucket's examples and fits
+    its padded shape. Vectorised: one pass of numpy operations per batch over a window no
+    longer than the batch can be, never a Python loop over the examples
+    (:func:`_greedy_cuts`).
     """
     src_lens = np.asarray(src_lens) + 1  # + EOS
     tgt_lens = np.asarray(tgt_lens) + 1  # + BOS/EOS shift

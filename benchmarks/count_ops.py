@@ -9,6 +9,8 @@ backward, optimizer, each precision as :class:`ranmt.runtime.precision.Precision
 ``--policy-device`` (cuda: plain bf16 autocast; cpu: with bf16 residual streams), and each
 Adam implementation (``single``: one tensor at a time, the CPU default; ``foreach``: the
 CUDA default before the policy; ``fused``: one kernel, what the policy picks on CUDA).
+``bf16-weights`` (:mod:`ranmt.training.master`) updates one flat fp32 master tensor;
+``casts``: the step's dtype conversions (``_to_copy``).
 Counts are deterministic (a machine under load gives the same). With ``--policy-device
 cuda`` dropout is counted as CUDA runs it: ``F.dropout`` in training is one fused kernel
 there (``native_dropout``; its backward one more), where the CPU draws a Bernoulli mask,
@@ -31,6 +33,7 @@ from ranmt.model import build_model
 from ranmt.runtime.host_syncs import OpCounter
 from ranmt.runtime.precision import PrecisionPolicy, bf16_activations
 from ranmt.training.loss import label_smoothed_loss
+from ranmt.training.master import MasterWeights
 
 
 @contextlib.contextmanager
@@ -64,8 +67,10 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
     model = build_model(cfg.model).train()
     options = {"single": {"foreach": False}, "foreach": {"foreach": True},
                "fused": {"fused": True}}[adam]
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, **options)
     policy = PrecisionPolicy(precision, device_type)
+    masters = MasterWeights(model, policy.weights_dtype) if policy.weights_dtype else None
+    optimizer = torch.optim.Adam(masters.parameters() if masters else model.parameters(),
+                                 lr=1e-4, **options)
     gen = torch.Generator().manual_seed(0)
     src = torch.randint(4, vocab, (sentences, length), generator=gen)
     tgt = torch.randint(4, vocab, (sentences, length + 1), generator=gen)
@@ -73,6 +78,8 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
 
     def step(counter: OpCounter | None) -> None:
         optimizer.zero_grad(set_to_none=True)
+        if masters:
+            masters.zero_grad()
         marks = [0]
         # a policy for another device type is run with the CPU's autocast (same op list)
         with torch.autocast("cpu", dtype=policy.autocast_dtype,
@@ -83,11 +90,16 @@ def step_counts(arch: str, preset: str, precision: str, device_type: str, adam: 
         loss, _ = label_smoothed_loss(logits, tgt[:, 1:], 0.1)
         loss.backward()
         marks.append(counter.kernels() if counter else 0)
+        if masters:
+            masters.to_master()
         optimizer.step()
+        if masters:
+            masters.to_model()
         marks.append(counter.kernels() if counter else 0)
         if counter:
             counts.update(forward=marks[1], backward=marks[2] - marks[1],
-                          optimizer=marks[3] - marks[2], total=marks[3])
+                          optimizer=marks[3] - marks[2], total=marks[3],
+                          casts=counter.names["_to_copy"])
 
     with dropout_as_on(device_type):
         step(None)  # the first step allocates the optimizer state
@@ -109,15 +121,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     print(f"{args.preset}, precision as on {args.policy_device}, torch {torch.__version__}; "
           "kernels = dispatched aten ops that are not views")
-    print("| arch | precision | Adam | forward | loss + backward | optimizer | total |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    print("| arch | precision | Adam | forward | loss + backward | optimizer | total | casts |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for arch in args.arch:
         for precision in args.precision:
             for adam in args.adam:
                 c = step_counts(arch, args.preset, precision, args.policy_device, adam,
                                 args.sentences, args.length, args.vocab)
                 print(f"| {arch} | {precision} | {adam} | {c['forward']} | {c['backward']} "
-                      f"| {c['optimizer']} | {c['total']} |")
+                      f"| {c['optimizer']} | {c['total']} | {c['casts']} |")
 
 
 if __name__ == "__main__":

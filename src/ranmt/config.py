@@ -37,7 +37,7 @@ Positions = Literal["sinusoidal", "learned", "none"]
 PositionsOverride = Literal["", "sinusoidal", "learned", "none"]  # "": the model's choice
 Activation = Literal["relu", "gelu"]
 CrossAttentionLayers = Literal["all", "last"]
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "bf16-weights", "fp16"]
 DropoutMasks = Literal["torch", "fast"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 HostReads = Literal["auto", "step", "log"]
@@ -207,7 +207,10 @@ class TrainConfig:
     patience: int = 0
     """Early stopping: validations without improvement before stopping (0 = off)."""
     precision: Precision = "auto"
-    """fp32 | bf16 | fp16 | auto (bf16 on a CPU with native bf16 -- AVX512-BF16 or AMX --,
+    """fp32 | bf16 | bf16-weights | fp16 | auto. bf16: autocast (weights fp32, cast where
+    used, every step); bf16-weights: the parameters are a bf16 compute copy and the
+    optimizer updates fp32 master weights (two casts a step; ranmt.training.master).
+    auto: bf16 on a CPU with native bf16 -- AVX512-BF16 or AMX --,
     bf16 autocast on a CUDA GPU with bf16, where it measured faster, fp32 with TF32 products
     on other GPUs, else fp32;
     ranmt.runtime.precision)."""

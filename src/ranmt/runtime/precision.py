@@ -109,8 +109,9 @@ def bf16_activations(enabled: bool = True):
         _activation_dtype = previous
 
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""Resolved precision name -> the autocast dtype (None: no autocast)."""
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "bf16-weights": None, "fp16": torch.float16}
+"""Resolved precision name -> the autocast dtype (None: no autocast). ``bf16-weights`` needs
+none: its parameters are bf16 (a compute copy of fp32 master weights)."""
 
 
 class PrecisionError(ValueError):
@@ -132,23 +133,24 @@ def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
     slower than fp32); on a GPU without bf16 too."""
     if requested in ("fp32", "fp16"):
         return requested, "as configured"
-    if requested not in ("auto", "bf16"):
-        raise PrecisionError(f"train.precision must be auto, fp32, bf16 or fp16, not "
-                             f"'{requested}'")
+    if requested not in ("auto", "bf16", "bf16-weights"):
+        raise PrecisionError(f"train.precision must be auto, fp32, bf16, bf16-weights or "
+                             f"fp16, not '{requested}'")
     if device.type == "cuda":
         if requested == "auto":
             if torch.cuda.is_bf16_supported():
                 return "bf16", CUDA_AUTO_REASON
             return "fp32", CUDA_NO_BF16_REASON
         if not torch.cuda.is_bf16_supported():
-            raise PrecisionError("train.precision=bf16 on a GPU without bf16; use fp32 or fp16")
-        return "bf16", "as configured"
+            raise PrecisionError(f"train.precision={requested} on a GPU without bf16; use "
+                                 "fp32 or fp16")
+        return requested, "as configured"
     native, why = cpu_bf16_support()
-    if requested == "bf16":
+    if requested != "auto":
         if not native:
-            raise PrecisionError(f"train.precision=bf16 on this CPU: {why}; use fp32 (or "
-                                 "auto, which picks fp32 here)")
-        return "bf16", why
+            raise PrecisionError(f"train.precision={requested} on this CPU: {why}; use fp32 "
+                                 "(or auto, which picks fp32 here)")
+        return requested, why
     return ("bf16" if native else "fp32"), f"auto: {why}"
 
 
@@ -196,6 +198,12 @@ class PrecisionPolicy:
     def autocast_dtype(self) -> torch.dtype | None:
         """The autocast dtype (None: no autocast)."""
         return PRECISIONS[self.name]
+
+    @property
+    def weights_dtype(self) -> torch.dtype | None:
+        """The dtype of the parameters' compute copy, with fp32 master weights in the
+        optimizer (``bf16-weights``; :mod:`ranmt.training.master`), else None (fp32)."""
+        return torch.bfloat16 if self.name == "bf16-weights" else None
 
     @property
     def bf16_residual_stream(self) -> bool:

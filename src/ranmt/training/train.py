@@ -74,6 +74,7 @@ from ranmt.training.distributed import (
     shutdown,
 )
 from ranmt.training.loss import label_smoothed_loss, teacher_forced_loss
+from ranmt.training.master import MasterWeights
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 0.0) -> float:
@@ -286,6 +287,7 @@ class TrainingRun:
         self._setup_precision()
         model.train()
         self.model = model
+        trained = self._trained_parameters()  # before DDP: it may turn the weights to bf16
         if self.ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg, run_dir / "config.yaml")
@@ -302,13 +304,26 @@ class TrainingRun:
         t = self.t
         self.deferred = self._reads_deferred()
         fused = bool(self.policy.fused_optimizer or self.deferred)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr,
+        self.optimizer = torch.optim.Adam(trained, lr=t.lr,
                                           betas=tuple(t.adam_betas), eps=t.adam_eps,
                                           weight_decay=t.weight_decay, fused=fused or None,
                                           foreach=None if fused else True)
         if self.resume_from is not None:
             self._restore_optimizer_and_rng()
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.policy.loss_scaling)
+
+    def _trained_parameters(self) -> list:
+        """What the optimizer updates: the model's parameters, or, with a bf16 compute copy
+        (``train.precision=bf16-weights``), the fp32 master weights behind them."""
+        self.masters = None
+        if self.policy.weights_dtype is None:
+            return list(self.model.parameters())
+        self.masters = MasterWeights(self.model, self.policy.weights_dtype)
+        return self.masters.parameters()
+
+    def fp32_weights(self):
+        """The context in which the model has its fp32 weights (checkpoints, validation)."""
+        return contextlib.nullcontext() if self.masters is None else self.masters.fp32_weights()
 
     def _reads_deferred(self) -> bool:
         """Whether the host reads the steps' results only at log steps (train.host_reads:
@@ -486,6 +501,8 @@ class TrainingRun:
         ctx, device = self.ctx, self.device
         step_start = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.zero_grad()
         local_tokens = sum(int((self.tgt_lens[b] + 1).sum()) for b in group)
         group_tokens = int(all_reduce_sum([local_tokens], ctx, device)[0])
         # DDP averages gradients over ranks: scale so the result is the sum of all ranks'
@@ -541,11 +558,16 @@ class TrainingRun:
         self.lr = inverse_sqrt_lr(self.step + 1, t.lr, t.warmup_steps, t.warmup_init_lr)
         for group_params in self.optimizer.param_groups:
             group_params["lr"] = self.lr
+        if self.masters is not None:
+            self.masters.to_master()
         self.scaler.unscale_(self.optimizer)
         if t.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm)
+            torch.nn.utils.clip_grad_norm_(self.masters.parameters() if self.masters
+                                           else self.model.parameters(), t.clip_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.masters is not None:
+            self.masters.to_model()
         self.step += 1
 
     def _deferred_update(self, step_sums, group_tokens: int, step_start: float) -> bool:
@@ -674,9 +696,10 @@ class TrainingRun:
         if not ctx.is_main:
             self.stop_reason = broadcast_object(None, ctx)
             return None
-        result = validate(self.model, self.valid_split, self.cfg, self.device,
-                          self.policy, self.translator, self.references,
-                          note=self.log.line)
+        with self.fp32_weights():
+            result = validate(self.model, self.valid_split, self.cfg, self.device,
+                              self.policy, self.translator, self.references,
+                              note=self.log.line)
         metric = result.get("valid_bleu", -result["valid_loss"])
         best = state["best_bleu"]
         if best is None or metric > best:
@@ -706,14 +729,15 @@ class TrainingRun:
         if self.device.type == "cuda":
             extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         target = run_dir / "checkpoints" / f"step_{self.step:08d}"
-        save_checkpoint(target, self.model, self.cfg, self.vocab_files, dict(state),
-                        self.optimizer, extra)
-        kept = step_checkpoints(run_dir)
-        for old in kept[: max(0, len(kept) - max(self.t.keep_last, 1))]:
-            shutil.rmtree(old, ignore_errors=True)
-        if valid_result is not None and state["best_step"] == self.step:
-            save_checkpoint(run_dir / "best", self.model, self.cfg, self.vocab_files,
-                            {**state, "valid": valid_result})
+        with self.fp32_weights():  # the masters, not the bf16 compute copy
+            save_checkpoint(target, self.model, self.cfg, self.vocab_files, dict(state),
+                            self.optimizer, extra)
+            kept = step_checkpoints(run_dir)
+            for old in kept[: max(0, len(kept) - max(self.t.keep_last, 1))]:
+                shutil.rmtree(old, ignore_errors=True)
+            if valid_result is not None and state["best_step"] == self.step:
+                save_checkpoint(run_dir / "best", self.model, self.cfg, self.vocab_files,
+                                {**state, "valid": valid_result})
 
     # ---- the end
     def finish(self) -> None:

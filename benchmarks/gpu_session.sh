@@ -16,8 +16,10 @@
 # PyTorch, transformers, sentencepiece and sacrebleu but no network: the package runs from
 # src/ (PYTHONPATH), nothing is installed. Steps by name run only those, e.g.
 #   bash benchmarks/gpu_session.sh tests sdpa train
-# (steps: env tests train marian decode latency profile sdpa; env always runs; STEPS, RUNS choose the
+# (steps: env tests train marian decode latency profile sdpa issue68; env always runs; STEPS, RUNS choose the
 # training steps and runs: RUNS="transf-fp32 transf-bf16" for two of them)
+# Issue 68 (2026-11-28): `bash benchmarks/gpu_session.sh issue68` is the one prepared call
+# (gpu_step.json and issue68.log; fits one 600-second call with the machine's start).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -117,6 +119,21 @@ profile_step() {
 # 6. what a new batch shape costs each SDPA kernel (cuDNN plans per shape)
 sdpa_step() {
     timeout 40 python benchmarks/sdpa_shapes.py --device cuda
+}
+
+# 7. issue 68 in one call (~8 minutes on an H200): the bare step eager vs compiled (forward +
+#    loss as one graph) at 25k / 50k / 100k tokens, TransF and RAN-ALL, fp32 / bf16 autocast /
+#    bf16-weights, the big preset, Marian's step and generate of the same shape, the top-20
+#    kernels: JSON in $OUT/gpu_step.json (raw rows printed to the log as they come); then the
+#    trainer's fill and tok/s (its log line), bf16 and bf16-weights, 60 steps each.
+#    Dry run on any machine: python benchmarks/gpu_step.py --dry-run --device cpu
+issue68_step() {
+    timeout 420 python benchmarks/gpu_step.py --device cuda --out "$OUT/gpu_step.json"
+    STEPS=60 RUNS="transf-bf16 transf-bf16w" train_issue68
+}
+train_issue68() {
+    train transf-bf16 45 transf train.precision=bf16
+    train transf-bf16w 45 transf train.precision=bf16-weights
 }
 
 STEPS_TO_RUN=${*:-tests train profile marian decode sdpa}

@@ -9,8 +9,10 @@ steps of each and writes the per-op tables (self CPU time) to ``--out``.
 Precision modes: ``fp32``; ``bf16-autocast`` (``torch.autocast("cpu", torch.bfloat16)``
 around the forward); and ``bf16`` (what the trainer does: the same autocast with bf16
 residual streams, ``ranmt.runtime.precision.bf16_activations``). ``--compile`` adds
-``fp32-compiled`` and ``bf16-compiled``: the same steps with the model's forward through
-``torch.compile`` (inductor; backward by AOTAutograd), as ``train.compile=true`` does; the
+``fp32-compiled`` and ``bf16-compiled``: the same steps with forward and loss through
+``torch.compile`` as one graph (``fullgraph=True``, inductor; backward by AOTAutograd), as
+``train.compile=true`` does; ``--bf16-weights`` adds ``bf16-weights`` (a bf16 compute copy of
+fp32 master weights, ``ranmt.training.master``; compiled too with ``--compile``); the
 one-off compile time (the warm-up steps) is printed apart. ``--fast-masks`` adds
 ``fp32+fast`` and ``bf16+fast``: the same steps with ``train.dropout_masks=fast``
 (``ranmt.runtime.dropout``). All modes use the trainer's fused
@@ -39,12 +41,16 @@ from ranmt.model import build_model
 from ranmt.runtime.dropout import fast_masks
 from ranmt.runtime.memory import retain_freed_memory
 from ranmt.runtime.precision import PrecisionPolicy
-from ranmt.training.train import label_smoothed_loss
+from ranmt.training.loss import label_smoothed_loss, teacher_forced_loss
+from ranmt.training.master import MasterWeights
+from ranmt.training.train import allow_recompiles
 
 MODES = ("fp32", "bf16-autocast", "bf16")
 COMPILED_MODES = ("fp32-compiled", "bf16-compiled")
 FAST_MASK_MODES = ("fp32+fast", "bf16+fast")
 MARIAN_MODES = ("marian-fp32", "marian-bf16")
+WEIGHTS_MODES = ("bf16-weights",)
+COMPILED_WEIGHTS_MODES = ("bf16-weights-compiled",)
 
 
 def marian_forward(model_config, device: torch.device):
@@ -67,9 +73,11 @@ def marian_forward(model_config, device: torch.device):
 
 
 def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0,
-              preset: str = "small", device: torch.device | None = None):
+              preset: str = "small", device: torch.device | None = None,
+              backend: str = "inductor"):
     """A closure running one optimizer step of a fresh ``preset`` model in ``mode`` on
-    ``device`` (on CUDA the step ends with a synchronize, so a wall clock times it)."""
+    ``device`` (on CUDA the step ends with a synchronize, so a wall clock times it);
+    compiled modes through ``torch.compile`` with ``backend``."""
     device = device or torch.device("cpu")
     cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
                              "model.src_vocab_size": str(vocab),
@@ -83,9 +91,22 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
         precision = "bf16-autocast" if precision == "bf16" else precision
     else:
         model = build_model(cfg.model).to(device).train()
-        forward = torch.compile(model) if mode.endswith("-compiled") else model
         parameters = model.parameters()
     policy = PrecisionPolicy(precision.removesuffix("-autocast"), device.type)
+    masters = None
+    if not marian and policy.weights_dtype is not None:  # bf16-weights: fp32 masters
+        masters = MasterWeights(model, policy.weights_dtype)
+        parameters = masters.parameters()
+    if not marian:  # forward + loss, compiled as the trainer compiles them (one graph)
+        compiled = mode.endswith("-compiled")
+        loss_of = (torch.compile(teacher_forced_loss, fullgraph=True, dynamic=False,
+                                 backend=backend) if compiled else teacher_forced_loss)
+
+        def forward_loss(src, tgt_in, tgt_out):
+            return loss_of(model, src, tgt_in, tgt_out, 0.1)[0]
+    else:
+        def forward_loss(src, tgt_in, tgt_out):
+            return label_smoothed_loss(forward(src, tgt_in), tgt_out, 0.1)[0]
     optimizer = torch.optim.AdamW(parameters, lr=1e-4, betas=(0.9, 0.98),
                                   fused=policy.fused_optimizer or None)
     gen = torch.Generator().manual_seed(seed)
@@ -104,11 +125,16 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
+        if masters is not None:
+            masters.zero_grad()
         with context(), fast_masks(fast):
-            logits = forward(src, tgt_in)
-        loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
+            loss = forward_loss(src, tgt_in, tgt_out)
         (loss / tgt_out.numel()).backward()
+        if masters is not None:
+            masters.to_master()
         optimizer.step()
+        if masters is not None:
+            masters.to_model()
         return loss.item()  # .item() waits for the GPU
 
     return step
@@ -166,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also time fp32 and bf16 steps through torch.compile")
     p.add_argument("--fast-masks", action="store_true",
                    help="also time fp32 and bf16 steps with train.dropout_masks=fast")
+    p.add_argument("--bf16-weights", action="store_true",
+                   help="also time train.precision=bf16-weights (a bf16 compute copy, fp32 "
+                        "masters; compiled too with --compile)")
     p.add_argument("--marian", action="store_true",
                    help="also time Hugging Face MarianMTModel steps of the same shape "
                         "(fp32 and bf16 autocast, SDPA)")
@@ -181,8 +210,12 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.sentences} x {args.length} tokens per side, vocabulary {args.vocab}, "
           f"{'default' if args.default_allocator else 'tuned'} malloc")
     modes = (MODES + (COMPILED_MODES if args.compile else ())
+             + (WEIGHTS_MODES if args.bf16_weights else ())
+             + (COMPILED_WEIGHTS_MODES if args.bf16_weights and args.compile else ())
              + (FAST_MASK_MODES if args.fast_masks else ())
              + (MARIAN_MODES if args.marian else ()))
+    if args.compile:  # every mode and arch compiles the same function: a graph each
+        allow_recompiles(4 * len(modes) * len(args.arch))
     faster = modes[1:]
     print("| arch | " + " | ".join(f"{m} s/step" for m in modes) + " | "
           + " | ".join(f"{m} / fp32" for m in faster) + " |")

@@ -343,7 +343,14 @@ def _preset_base(m: ModelConfig) -> None:
     m.encoder.layers = m.decoder.layers = 6
 
 
-MODEL_PRESETS = {"tiny": _preset_tiny, "small": _preset_small, "base": _preset_base}
+def _preset_big(m: ModelConfig) -> None:
+    """Vaswani et al.'s Transformer big (MLPerf Training's Transformer)."""
+    m.d_model, m.heads, m.ffn_dim = 1024, 16, 4096
+    m.encoder.layers = m.decoder.layers = 6
+
+
+MODEL_PRESETS = {"tiny": _preset_tiny, "small": _preset_small, "base": _preset_base,
+                 "big": _preset_big}
 
 
 def arch_presets() -> dict[str, Any]:

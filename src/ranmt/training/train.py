@@ -188,7 +188,7 @@ def validate(model, valid, cfg: Config, device, policy: PrecisionPolicy,
     return result
 
 
-def _allow_recompiles(shapes: int) -> None:
+def allow_recompiles(shapes: int) -> None:
     """Let Dynamo compile a frame for ``shapes`` static shapes: past its recompile limit (8
     by default) it runs the frame eagerly, so a 9th bucket would never be compiled (as
     measured: benchmarks/compile_buckets.py, 10 buckets, 8 graphs and a warning)."""
@@ -225,7 +225,7 @@ def compiled_forward_loss(t, buckets: ShapeBuckets | None, distributed: bool):
     if not t.compile:
         return teacher_forced_loss
     if buckets is not None:
-        _allow_recompiles(len(buckets.lengths) + 1)
+        allow_recompiles(len(buckets.lengths) + 1)
     return torch.compile(teacher_forced_loss, mode=t.compile_mode, fullgraph=not distributed,
                          dynamic=False if buckets is not None else None)
 

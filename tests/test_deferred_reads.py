@@ -58,7 +58,7 @@ def test_deferred_steps_read_nothing_on_the_host(reverse_data, tmp_path, mode):
 
 def _nan_at(monkeypatch, calls: set[int] | None):
     """Make the training loss NaN at the given calls (all calls when None)."""
-    import ranmt.training.train as train_module
+    import ranmt.training.loss as train_module  # the training step's loss
 
     real = train_module.label_smoothed_loss
     count = {"n": 0}

@@ -305,7 +305,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(reverse_data, tmp_path):
 
 def test_nonfinite_losses_are_skipped_counted_and_stop_the_run(reverse_data, tmp_path,
                                                                monkeypatch):
-    import ranmt.training.train as train_module
+    import ranmt.training.loss as train_module  # the training step's loss
 
     real = train_module.label_smoothed_loss
     calls = {"n": 0}

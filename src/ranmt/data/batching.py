@@ -231,6 +231,10 @@ class Batch:
     """(B, T) target ids + EOS, right-padded."""
     indices: np.ndarray
     """(B,) example indices in the split."""
+    src_tokens: int = -1
+    """Tokens of the batch's sources, EOS included (counted on the host at collation)."""
+    tgt_tokens: int = -1
+    """Tokens of the batch's targets, EOS included (counted on the host at collation)."""
 
     @property
     def target_tokens(self) -> int:
@@ -239,21 +243,21 @@ class Batch:
     def fill(self) -> tuple[int, int, int, int]:
         """(source tokens, source slots, target tokens, target slots): the tokens of the
         batch's sentences (EOS included) against the cells of its padded tensors; a shape
-        bucket's padding rows (a lone EOS on the source side) are slots, not tokens."""
-        sentences = len(self.indices)
-        return (int(self.src[:sentences].ne(PAD).sum()), self.src.numel(),
-                int(self.tgt_out.ne(PAD).sum()), self.tgt_out.numel())
+        bucket's padding rows (a lone EOS on the source side) are slots, not tokens. Counts
+        made at collation: nothing is read from the tensors (no host read of a device)."""
+        return self.src_tokens, self.src.numel(), self.tgt_tokens, self.tgt_out.numel()
 
     def pin_memory(self) -> Batch:
         """The batch in page-locked memory, so that its copy to a GPU runs asynchronously
         (a copy from pageable memory makes the host wait; needs CUDA)."""
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(),
-                     self.tgt_out.pin_memory(), self.indices)
+                     self.tgt_out.pin_memory(), self.indices, self.src_tokens, self.tgt_tokens)
 
     def to(self, device: torch.device) -> Batch:
         return Batch(self.src.to(device, non_blocking=True),
                      self.tgt_in.to(device, non_blocking=True),
-                     self.tgt_out.to(device, non_blocking=True), self.indices)
+                     self.tgt_out.to(device, non_blocking=True), self.indices,
+                     self.src_tokens, self.tgt_tokens)
 
 
 def _place(out: np.ndarray, flat: np.ndarray, lengths: np.ndarray, first: int) -> None:
@@ -307,7 +311,8 @@ def _collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.
     _place(tgt_out, flat, lengths, 0)
     tgt_out[np.arange(len(lengths)), lengths] = EOS
     return Batch(_sources(*src, shape), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                 indices)
+                 indices, src_tokens=int(src[1].sum()) + len(src[1]),
+                 tgt_tokens=int(lengths.sum()) + len(lengths))
 
 
 def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray,

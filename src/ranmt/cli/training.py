@@ -37,6 +37,8 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                         "finished cell of the grid)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="N",
                    help="run only these seeds' cells")
+    p.add_argument("--datasets", nargs="+", metavar="NAME",
+                   help="run only these datasets' cells")
     p.add_argument("--tables-only", action="store_true",
                    help="train nothing: rewrite results.md/json from the finished cells")
     p.add_argument("--reuse", nargs="+", metavar="DIR", default=[],
@@ -56,6 +58,23 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                         "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
                         "that a stopped cell resumes from another checkout of the grid "
                         "(default: $RANMT_WORK_DIR, else beside cell.json)")
+    cluster = p.add_argument_group(
+        "cluster", "submit one job per unfinished cell through submitit instead of training "
+        "here (pip install 'ranmt[cluster]'); the cells' locks and resume do the rest: "
+        "submit again after a failure and only unfinished cells are submitted")
+    cluster.add_argument("--launcher", choices=["slurm", "local"],
+                         help="slurm, or local (submitit's local executor: processes here)")
+    cluster.add_argument("--partition", default="", help="SLURM partition")
+    cluster.add_argument("--gpus", type=int, default=0,
+                         help="GPUs per cell (more than 1: torchrun inside the job)")
+    cluster.add_argument("--cpus", type=int, default=0, help="CPUs per cell")
+    cluster.add_argument("--time-limit", type=int, default=240, metavar="MINUTES",
+                         help="a job's time limit; a cell that needs longer is requeued and "
+                              "resumes from its last checkpoint (default 240)")
+    cluster.add_argument("--jobs-folder", default="", metavar="DIR",
+                         help="submitit's folder: job scripts and logs (default OUT/jobs)")
+    cluster.add_argument("--wait", action="store_true",
+                         help="wait for the jobs and report each cell's outcome")
 
 
 def _cmd_experiment(args) -> None:
@@ -64,13 +83,30 @@ def _cmd_experiment(args) -> None:
     if args.dry_run:
         plan_experiment(args.config, out=args.out, log=print)
         return
+    if args.launcher:
+        _launch(args)
+        return
     try:
         run_experiment(args.config, log=info, out=args.out, variants=args.variants,
                        seeds=args.seeds, tables_only=args.tables_only,
-                       reuse_from=args.reuse, baselines=args.baseline, work=args.work)
+                       reuse_from=args.reuse, baselines=args.baseline, work=args.work,
+                       datasets=args.datasets)
     except KeyboardInterrupt as err:
         info(f"interrupted: {err}" if str(err) else "interrupted")
         raise
+
+
+def _launch(args) -> None:
+    """``--launcher``: the grid's unfinished cells as submitit jobs."""
+    from ranmt.experiment.launch import LaunchOptions, submit_grid
+
+    options = LaunchOptions(launcher=args.launcher, folder=args.jobs_folder,
+                            partition=args.partition, gpus=args.gpus, cpus=args.cpus,
+                            time_limit_min=args.time_limit)
+    jobs = submit_grid(args.config, options, out=args.out, work=args.work, log=info)
+    if args.wait:
+        finished = sum(bool(job.result()) for job in jobs)
+        info(f"{finished} of {len(jobs)} submitted cells finished")
 
 
 def _args_average(p: argparse.ArgumentParser) -> None:

@@ -50,11 +50,13 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                    tables_only: bool = False,
                    reuse_from: list[str | Path] | None = None,
                    baselines: list[str] | None = None,
-                   work: str | Path | None = None) -> dict:
+                   work: str | Path | None = None,
+                   datasets: list[str] | None = None) -> dict:
     """Run (or resume) the whole grid, cooperating with other workers; return the results.
 
-    ``out`` overrides the experiment file's output directory; ``variants`` / ``seeds``
-    restrict the cells this call runs (the tables show every finished cell of the grid);
+    ``out`` overrides the experiment file's output directory; ``variants`` / ``seeds`` /
+    ``datasets`` restrict the cells this call runs (the tables show every finished cell of
+    the grid);
     ``tables_only`` trains nothing and rewrites the tables; ``reuse_from`` lists output
     folders of other grids whose finished cells are copied instead of trained where they
     are the very same training (:func:`find_reusable_cell`); ``baselines`` names variants
@@ -77,7 +79,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     experiment.work = Path(work).expanduser().resolve() if work else None
     experiment.out.mkdir(parents=True, exist_ok=True)
     grid = experiment.cells()
-    selected = [] if tables_only else experiment.select(variants, seeds)
+    selected = [] if tables_only else experiment.select(variants, seeds, datasets)
     durations, elsewhere = [], []
     for index, cell in enumerate(selected, 1):
         data_dir = prepare_once(cell.dataset, experiment.out, log)

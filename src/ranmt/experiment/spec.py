@@ -91,14 +91,21 @@ class Experiment:
         if unknown:
             raise ConfigError(f"{option}: {unknown} not in the grid; its variants are {names}")
 
-    def select(self, variants: list[str] | None, seeds: list[int] | None) -> list[Cell]:
-        """The cells this worker runs (``--variants`` / ``--seeds``), in grid order."""
+    def select(self, variants: list[str] | None, seeds: list[int] | None,
+               datasets: list[str] | None = None) -> list[Cell]:
+        """The cells this worker runs (``--variants`` / ``--seeds`` / ``--datasets``), in
+        grid order."""
         self.check_variant_names("--variants", variants)
         missing = sorted(set(seeds or []) - set(self.seeds))
         if missing:
             raise ConfigError(f"--seeds: {missing} not in the grid's seeds {self.seeds}")
+        names = [dataset.name for dataset in self.datasets]
+        unknown = sorted(set(datasets or []) - set(names))
+        if unknown:
+            raise ConfigError(f"--datasets: {unknown} not in the grid's datasets {names}")
         return [cell for cell in self.cells() if (not variants or cell.variant.name in variants)
-                and (not seeds or cell.seed in seeds)]
+                and (not seeds or cell.seed in seeds)
+                and (not datasets or cell.dataset.name in datasets)]
 
 
 @dataclass(frozen=True, eq=False)

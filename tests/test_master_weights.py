@@ -12,13 +12,13 @@ from safetensors.torch import load_file
 
 from conftest import logged_losses, random_batch, tiny_model
 from ranmt.attention import dot_product
-from ranmt.config import load_config
-from ranmt.runtime import precision as precision_module
 from ranmt.runtime.host_syncs import OpCounter
 from ranmt.runtime.precision import PrecisionPolicy
 from ranmt.training.loss import teacher_forced_loss
 from ranmt.training.master import MasterWeights
 from ranmt.training.train import train
+from test_bf16 import _cfg as bf16_cfg
+from test_bf16 import native_bf16  # noqa: F401  (a fixture: explicit bf16 on any CPU)
 
 
 def test_parameters_become_views_of_one_bf16_buffer_and_gradients_land_in_another():
@@ -104,18 +104,9 @@ def test_a_bf16_weights_step_casts_a_tenth_of_what_autocast_casts(monkeypatch):
 
 
 def _cfg(**extra):
-    values = {"model.preset": "tiny", "train.lr": 0.003, "train.warmup_steps": 20,
-              "train.validate_every": 100000, "train.log_every": 50, "train.progress": "false",
-              "train.tensorboard": "false", "train.validate_bleu": "false",
-              "data.max_tokens": 400, "train.device": "cpu", "model.dropout": "0.0"}
-    values.update({k: str(v) for k, v in extra.items()})
-    return load_config(None, values)
-
-
-@pytest.fixture()
-def native_bf16(monkeypatch):
-    """Let explicit bf16 run on any CPU (emulated where there is no native bf16)."""
-    monkeypatch.setattr(precision_module, "cpu_bf16_support", lambda: (True, "test"))
+    """test_bf16's tiny reverse-task config, without dropout (the same steps in both
+    precisions), validating only at the end."""
+    return bf16_cfg(**{"model.dropout": "0.0", "train.validate_every": 100000, **extra})
 
 
 def _final_valid_loss(run) -> float:
@@ -125,9 +116,9 @@ def _final_valid_loss(run) -> float:
     return float(lines[-1].split("valid_loss ")[1].split(",")[0])
 
 
+@pytest.mark.usefixtures("native_bf16")
 @pytest.mark.parametrize("steps", [pytest.param(200, marks=pytest.mark.slow), 50])
-def test_bf16_weights_train_like_fp32_on_the_reverse_task(reverse_data, tmp_path, native_bf16,
-                                                          steps):
+def test_bf16_weights_train_like_fp32_on_the_reverse_task(reverse_data, tmp_path, steps):
     """From the same initial weights and batches: every logged training loss (a mean over
     ``steps`` / 4 steps) of bf16-weights within 1% of fp32's, and the final validation loss
     within 1%; the checkpoint holds fp32 weights. Measured (200 steps, AMD EPYC Zen 3, bf16
@@ -150,7 +141,8 @@ def test_bf16_weights_train_like_fp32_on_the_reverse_task(reverse_data, tmp_path
     assert all(tensor.dtype == torch.float32 for tensor in weights.values())
 
 
-def test_bf16_weights_resume_is_exact(reverse_data, tmp_path, native_bf16):
+@pytest.mark.usefixtures("native_bf16")
+def test_bf16_weights_resume_is_exact(reverse_data, tmp_path):
     """12 steps at once == 6, stop, resume to 12, bit for bit (the masters and their Adam
     moments are what the checkpoint keeps)."""
     values = {"train.precision": "bf16-weights", "train.log_every": 1}

@@ -214,3 +214,26 @@ def test_cpu_description_names_the_model_and_the_matrix_flags():
     zen4 = "model name\t: AMD EPYC 9R14\n" + ZEN4.split("\n", 1)[1]
     assert precision_module.cpu_description(zen4) == "AMD EPYC 9R14; avx512_bf16 avx512_vnni"
     assert precision_module.cpu_description(OLD).endswith("; no bf16/VNNI/AMX flags")
+
+
+def test_the_loss_of_bf16_logits_is_the_same_in_row_chunks(monkeypatch):
+    """Chunks of 7 rows (of 30, the last short) give the loss, NLL and gradient of one pass
+    over all rows, and no fp32 copy of all the logits is made (nor kept for backward)."""
+    from ranmt.training import loss as loss_module
+
+    torch.manual_seed(1)
+    target = torch.randint(0, 50, (5, 6))
+    target[1, 4:] = 0
+    logits = torch.randn(5, 6, 50, dtype=torch.bfloat16, requires_grad=True)
+    whole, whole_nll = label_smoothed_loss(logits, target, 0.1)
+    (whole_grad,) = torch.autograd.grad(whole, logits)
+    monkeypatch.setattr(loss_module, "CHUNK_ROWS", 7)
+    casts = []
+    real_float = torch.Tensor.float
+    monkeypatch.setattr(torch.Tensor, "float",
+                        lambda self: casts.append(self.shape[0]) or real_float(self))
+    chunked, chunked_nll = label_smoothed_loss(logits, target, 0.1)
+    (chunked_grad,) = torch.autograd.grad(chunked, logits)
+    assert torch.equal(chunked, whole) and torch.equal(chunked_nll, whole_nll)
+    assert torch.equal(chunked_grad, whole_grad)
+    assert max(casts) == 7 and sum(casts) == 2 * 30  # forward and backward, chunk by chunk

@@ -13,7 +13,8 @@ rows (0 for PAD rows). Written as one autograd function, the (N, V) work is a ca
 a log-sum-exp and a mean forward, and ``exp``, one fused multiply-add and the cast back
 backward: about half the passes over the (N, V) logits of log-softmax + two reductions
 (the output layer's 8k-32k classes make this the largest elementwise work of a step). The
-sums are in fp32 whatever the logits' dtype (bf16 under autocast).
+sums are in fp32 whatever the logits' dtype (bf16 under autocast); bf16/fp16 logits are cast
+in row chunks (:data:`CHUNK_ROWS`), so the batch's logits never exist in fp32 at once.
 """
 
 from __future__ import annotations
@@ -24,37 +25,69 @@ from torch import Tensor
 PAD = 0
 
 
+CHUNK_ROWS = 4096
+"""Rows of bf16/fp16 logits cast to fp32 at a time: the loss never holds the whole batch's
+logits in fp32 (25k target tokens x a 32k vocabulary are 3.2 GB in fp32; a chunk is 0.5 GB),
+forward or backward. A traced (compiled) loss takes all rows at once: the compiler fuses the
+cast into the reductions, and a loop over a symbolic row count would specialise on it."""
+
+
+def _row_chunks(rows: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of at most CHUNK_ROWS rows (one range when compiling)."""
+    step = rows if torch.compiler.is_compiling() else CHUNK_ROWS
+    return [(start, min(start + step, rows)) for start in range(0, rows, max(step, 1))]
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, smoothing: float):
-        # (N, V) in fp32 (a copy of bf16/fp16 logits); fp32/fp64 logits as they are
-        x = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        lse = torch.logsumexp(x, dim=-1)  # (N,)
+        low = logits.dtype in (torch.bfloat16, torch.float16)
         keep = target.ne(PAD)
-        nll_tokens = lse - x.gather(1, target[:, None]).squeeze(1)
-        nll = nll_tokens.masked_fill(~keep, 0.0).sum()
+        if low:  # fp32 in row chunks; the bf16/fp16 logits are what backward keeps
+            lse, picked, mean = (logits.new_empty(logits.shape[0], dtype=torch.float32)
+                                 for _ in range(3))
+            for start, end in _row_chunks(logits.shape[0]):
+                x = logits[start:end].float()  # (n, V)
+                lse[start:end] = torch.logsumexp(x, dim=-1)
+                picked[start:end] = x.gather(1, target[start:end, None]).squeeze(1)
+                if smoothing:
+                    mean[start:end] = x.mean(dim=-1)
+        else:  # fp32/fp64 logits as they are
+            lse = torch.logsumexp(logits, dim=-1)  # (N,)
+            picked = logits.gather(1, target[:, None]).squeeze(1)
+            mean = logits.mean(dim=-1) if smoothing else None
+        nll = (lse - picked).masked_fill(~keep, 0.0).sum()
         loss = nll.clone()  # a tensor of its own: nll is marked non-differentiable
         if smoothing:
-            uniform = (lse - x.mean(dim=-1)).masked_fill(~keep, 0.0).sum()
+            uniform = (lse - mean).masked_fill(~keep, 0.0).sum()
             loss = (1.0 - smoothing) * nll + smoothing * uniform
-        ctx.save_for_backward(x, lse, target, keep)
+        ctx.save_for_backward(logits, lse, target, keep)
         ctx.smoothing = smoothing
-        ctx.logits_dtype = logits.dtype
-        ctx.own_copy = x is not logits  # then backward may overwrite it
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        x, lse, target, keep = ctx.saved_tensors
-        eps, vocab = ctx.smoothing, x.shape[-1]
-        scale = (grad_loss * keep.to(x.dtype))[:, None]  # (N, 1): 0 on PAD rows
-        # In place on the fp32 copy when there is one: every new (N, V) buffer costs a pass
-        # of page faults on a CPU besides the arithmetic.
-        grad = x.sub_(lse[:, None]) if ctx.own_copy else x - lse[:, None]
-        grad.exp_().sub_(eps / vocab).mul_(scale)  # scale * (p - eps/V)
-        grad.scatter_add_(1, target[:, None], scale * -(1.0 - eps))
-        return grad.to(ctx.logits_dtype), None, None
+        logits, lse, target, keep = ctx.saved_tensors
+        eps, vocab = ctx.smoothing, logits.shape[-1]
+        scale = (grad_loss * keep.to(lse.dtype))[:, None]  # (N, 1): 0 on PAD rows
+        if logits.dtype not in (torch.bfloat16, torch.float16):
+            return _gradient(logits - lse[:, None], target, scale, eps, vocab), None, None
+        grad = torch.empty_like(logits)
+        for start, end in _row_chunks(logits.shape[0]):
+            # in place on the chunk's fp32 copy: a new (n, V) buffer per step costs a
+            # pass of page faults on a CPU besides the arithmetic
+            rows = logits[start:end].float().sub_(lse[start:end, None])
+            grad[start:end] = _gradient(rows, target[start:end], scale[start:end], eps, vocab)
+        return grad, None, None
+
+
+def _gradient(shifted: Tensor, target: Tensor, scale: Tensor, eps: float, vocab: int
+              ) -> Tensor:
+    """The loss's gradient ``scale * (p - eps/V - (1 - eps) * onehot(y))`` (n, V) from the
+    logits minus their log-sum-exp (n, V), computed in place on them."""
+    grad = shifted.exp_().sub_(eps / vocab).mul_(scale)
+    return grad.scatter_add_(1, target[:, None], scale * -(1.0 - eps))
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float

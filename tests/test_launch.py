@@ -71,3 +71,9 @@ def test_an_unknown_launcher_is_an_error(tmp_path):
     path = _grid(tmp_path)
     with pytest.raises(ConfigError, match="--launcher must be one of"):
         submit_grid(path, LaunchOptions(launcher="pbs"), log=lambda line: None)
+
+
+def test_several_gpus_per_cell_are_refused_with_the_reason(tmp_path):
+    path = _grid(tmp_path)
+    with pytest.raises(ConfigError, match="one GPU per cell"):
+        submit_grid(path, LaunchOptions(launcher="local", gpus=2), log=lambda line: None)

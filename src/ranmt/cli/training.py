@@ -66,7 +66,7 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                          help="slurm, or local (submitit's local executor: processes here)")
     cluster.add_argument("--partition", default="", help="SLURM partition")
     cluster.add_argument("--gpus", type=int, default=0,
-                         help="GPUs per cell (more than 1: torchrun inside the job)")
+                         help="GPUs per cell: 1 (several per cell: not yet)")
     cluster.add_argument("--cpus", type=int, default=0, help="CPUs per cell")
     cluster.add_argument("--time-limit", type=int, default=240, metavar="MINUTES",
                          help="a job's time limit; a cell that needs longer is requeued and "

@@ -10,15 +10,15 @@ cell.json) is never trained again: submitting the grid a second time submits onl
 not finished. On a preemption or time-out SLURM signals the job first; submitit then calls
 :meth:`CellJob.checkpoint`, which requeues the same job (submitit's ``Checkpointable``).
 
-A cell with ``gpus`` > 1 runs under ``torchrun --nproc_per_node=gpus`` inside its job (one
-task per node, the ranks started by torchrun: DDP within the node).
+One GPU per cell for now: a cell on several GPUs would run its training under torchrun
+inside the job, but the grid's per-cell lock is taken by the process that trains, and every
+rank would try to take it (only one can); until the grid is rank-aware, ``gpus`` > 1 is
+refused with that reason.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +38,7 @@ class LaunchOptions:
     partition: str = ""
     """SLURM partition (default: the cluster's)."""
     gpus: int = 0
-    """GPUs per cell (> 1: torchrun inside the job)."""
+    """GPUs per cell: 0 or 1 (several: not yet, see the module docstring)."""
     cpus: int = 0
     """CPUs per cell (0: the cluster's default)."""
     time_limit_min: int = 240
@@ -55,24 +55,14 @@ class CellJob:
     dataset: str
     variant: str
     seed: int
-    gpus: int = 0
 
     def __call__(self) -> bool:
         """Train (or resume) the cell, decode and score it; True when it is finished."""
-        if self.gpus > 1:
-            command = [sys.executable, "-m", "torch.distributed.run",
-                       f"--nproc_per_node={self.gpus}", "-m", "ranmt", "experiment",
-                       self.experiment_file, "--out", self.out, "--datasets", self.dataset,
-                       "--variants", self.variant, "--seeds", str(self.seed)]
-            if self.work:
-                command += ["--work", self.work]
-            subprocess.run(command, check=True)
-        else:
-            from ranmt.experiment import run_experiment
-
-            run_experiment(self.experiment_file, out=self.out, work=self.work,
-                           datasets=[self.dataset], variants=[self.variant], seeds=[self.seed])
+        from ranmt.experiment import run_experiment
         from ranmt.experiment.spec import load_experiment
+
+        run_experiment(self.experiment_file, out=self.out, work=self.work,
+                       datasets=[self.dataset], variants=[self.variant], seeds=[self.seed])
 
         experiment = load_experiment(self.experiment_file)
         experiment.out = Path(self.out)
@@ -95,6 +85,10 @@ def _executor(options: LaunchOptions, folder: Path):
                           "(or pip install submitit)") from None
     if options.launcher not in LAUNCHERS:
         raise ConfigError(f"--launcher must be one of {LAUNCHERS}, not '{options.launcher}'")
+    if options.gpus > 1:
+        raise ConfigError("--gpus: one GPU per cell for now (a cell's lock is taken by the "
+                          "process that trains, and under torchrun every rank would take it); "
+                          "run several cells at once instead")
     executor = submitit.AutoExecutor(folder=str(folder), cluster=options.launcher)
     parameters: dict = {"timeout_min": options.time_limit_min, "nodes": 1,
                         "tasks_per_node": 1, "name": "ranmt-cell"}
@@ -128,8 +122,7 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
     jobs = [executor.submit(CellJob(str(Path(experiment_file).resolve()),
                                     str(experiment.out.resolve()),
                                     str(experiment.work) if experiment.work else None,
-                                    cell.dataset.name, cell.variant.name, cell.seed,
-                                    options.gpus))
+                                    cell.dataset.name, cell.variant.name, cell.seed))
             for cell in todo]
     for cell, job in zip(todo, jobs):
         log(f"{cell.label}: job {job.job_id} ({options.launcher})")

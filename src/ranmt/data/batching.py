@@ -108,10 +108,10 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
     if buckets is None:
         order = _length_order(src_lens, tgt_lens, jitter)
-        widths = np.maximum(src_lens, tgt_lens)[order]
         if pool > 0:
             order, starts = _reorder_pools(order, src_lens, tgt_lens, pool * max_tokens, rng)
-            widths = np.maximum(src_lens, tgt_lens)[order]
+        widths = np.maximum(src_lens, tgt_lens)[order]
+        if pool > 0:
             cuts = []  # batches never span two pools
             for start, end in zip(starts[:-1], starts[1:]):
                 cuts.extend([start] if start else [])

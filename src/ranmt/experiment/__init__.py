@@ -9,7 +9,6 @@ files), :mod:`.plan` (``--dry-run``). :func:`run_experiment` walks the grid.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -35,7 +34,15 @@ from ranmt.experiment.reuse import (
     warm_start_if_possible,
     warm_start_state,
 )
-from ranmt.experiment.spec import WORK_ENV, Cell, Dataset, Experiment, Variant, load_experiment
+from ranmt.experiment.spec import (
+    WORK_ENV,
+    Cell,
+    Dataset,
+    Experiment,
+    Variant,
+    load_experiment,
+    load_placed,
+)
 from ranmt.experiment.tables import build_tables, compare_over_seeds, significance_marks
 
 __all__ = ["Cell", "CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV",
@@ -66,17 +73,13 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     during training raises :class:`CellInterrupted` (a ``KeyboardInterrupt``) after the
     cell's checkpoint is saved and its lock released; the cell is not recorded as finished.
     """
-    experiment = load_experiment(path)
+    experiment = load_placed(path, out, work)
     experiment.check_variant_names("--baseline", baselines)
     extra_baselines = [b for b in baselines or [] if b != experiment.baseline]
     reuse_from = [Path(folder) for folder in reuse_from or []]
     for folder in reuse_from:
         if not (folder / "runs").is_dir():
             raise ConfigError(f"--reuse {folder}: not a grid's output folder (no runs/ in it)")
-    if out is not None:
-        experiment.out = Path(out)
-    work = work or os.environ.get(WORK_ENV) or None
-    experiment.work = Path(work).expanduser().resolve() if work else None
     experiment.out.mkdir(parents=True, exist_ok=True)
     grid = experiment.cells()
     selected = [] if tables_only else experiment.select(variants, seeds, datasets)

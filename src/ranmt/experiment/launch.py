@@ -18,7 +18,6 @@ refused with that reason.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,15 +58,13 @@ class CellJob:
     def __call__(self) -> bool:
         """Train (or resume) the cell, decode and score it; True when it is finished."""
         from ranmt.experiment import run_experiment
-        from ranmt.experiment.spec import load_experiment
+        from ranmt.experiment.spec import load_placed
 
-        run_experiment(self.experiment_file, out=self.out, work=self.work,
-                       datasets=[self.dataset], variants=[self.variant], seeds=[self.seed])
-
-        experiment = load_experiment(self.experiment_file)
-        experiment.out = Path(self.out)
-        return experiment.cell_dir(self.dataset, self.variant, self.seed).joinpath(
-            "cell.json").is_file()
+        selection = {"datasets": [self.dataset], "variants": [self.variant],
+                     "seeds": [self.seed]}
+        run_experiment(self.experiment_file, out=self.out, work=self.work, **selection)
+        (cell,) = load_placed(self.experiment_file, self.out, self.work).select(**selection)
+        return cell.finished
 
     def checkpoint(self, *args, **kwargs):
         """submitit's hook on preemption or time-out: requeue this very job (the cell
@@ -106,14 +103,10 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
                 out: str | Path | None = None, work: str | Path | None = None,
                 log=print) -> list:
     """Submit one job per unfinished cell of the grid; return the submitit jobs."""
-    from ranmt.experiment.spec import WORK_ENV, load_experiment
+    from ranmt.experiment.spec import load_placed
 
-    experiment = load_experiment(experiment_file)
-    if out is not None:
-        experiment.out = Path(out)
-    work = work or os.environ.get(WORK_ENV) or None
-    experiment.work = Path(work).expanduser().resolve() if work else None
-    todo = [cell for cell in experiment.cells() if not cell.file.is_file()]
+    experiment = load_placed(experiment_file, out, work)
+    todo = [cell for cell in experiment.cells() if not cell.finished]
     log(f"{len(todo)} of {len(experiment.cells())} cells unfinished")
     if not todo:
         return []

@@ -8,6 +8,7 @@ training config and its result. The file format is documented in docs/EXPERIMENT
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,18 @@ class Cell:
                      "train.seed": self.seed}
         return load_config(self.experiment.base_config,
                            {k: str(v) for k, v in overrides.items()})
+
+
+def load_placed(path: str | Path, out: str | Path | None = None,
+                work: str | Path | None = None) -> Experiment:
+    """:func:`load_experiment` with ``out`` (when given) as its output folder and its work
+    folder resolved: ``work``, else ``$RANMT_WORK_DIR``, else none."""
+    experiment = load_experiment(path)
+    if out is not None:
+        experiment.out = Path(out)
+    work = work or os.environ.get(WORK_ENV) or None
+    experiment.work = Path(work).expanduser().resolve() if work else None
+    return experiment
 
 
 def load_experiment(path: str | Path) -> Experiment:

@@ -330,3 +330,31 @@ def test_step_level_decoding_makes_its_tensors_on_the_models_device(beam):
             with torch.device("meta"):
                 got = _staggered(ContinuousDecoder(model, **args), waves, 2, prefixes)
             assert got == expected
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), [("dot", "dot"), ("ran", "dot"),
+                                                       ("dot", "gaussian")])
+def test_cancelled_lines_leave_and_the_others_decode_as_alone(self_attention, cross):
+    """Lines dropped mid-decoding (the server's deadline) leave the batch between two steps
+    (queued ones too); every other line still gets its decoding alone, and a batch whose
+    lines are all dropped is empty."""
+    model = _model(self_attention, cross, 0)
+    lines = _lines(5, 7, 4, 10)
+    for beam in (1, 3):
+        args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
+        decoder = ContinuousDecoder(model, **args)
+        for number, ids in enumerate(lines[:4]):
+            decoder.add(number, ids)
+        results = dict(decoder.step())
+        results.update(decoder.step())
+        decoder.add(4, lines[4])  # queued: dropped before it joins
+        assert decoder.cancel({1, 3, 4, 99}) == 3
+        assert decoder.decoding == 2 and not decoder.waiting
+        results.update(decoder.run())
+        assert sorted(results) == [0, 2]
+        for number in (0, 2):
+            assert_same_hypotheses([results[number]], [_alone(model, lines[number], **args)],
+                                   tolerance=1e-4)
+        decoder.add(0, lines[0])
+        decoder.step()
+        assert decoder.cancel({0}) == 1 and decoder.idle() and decoder.cache is None

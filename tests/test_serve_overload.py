@@ -184,7 +184,8 @@ def test_hostile_bodies_are_4xx(translators, body, status, message):
 
 def test_metrics_health_and_readiness(translators):
     with TestClient(create_app(translators, ServeLimits(batch_window_ms=1))) as client:
-        assert client.get("/ready").json() == {"ready": True, "models": ["transf", "ran-all"]}
+        assert client.get("/ready").json() == {"ready": True, "models": ["transf", "ran-all"],
+                                               "down": {}}
         assert client.get("/health").status_code == 200
         before = _metric(client, "ranmt_requests_total", endpoint="/translate", status="200")
         for _ in range(3):
@@ -193,7 +194,8 @@ def test_metrics_health_and_readiness(translators):
         families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
         assert {"ranmt_requests", "ranmt_request_seconds", "ranmt_queue_requests",
                 "ranmt_queue_tokens", "ranmt_batch_sentences", "ranmt_decoded_tokens",
-                "ranmt_errors"} <= set(families)
+                "ranmt_errors", "ranmt_model_ready", "ranmt_worker_replacements"} <= set(families)
+        assert _metric(client, "ranmt_model_ready", model="ran-all") == 1
         assert _metric(client, "ranmt_requests_total", endpoint="/translate",
                        status="200") == before + 3
         assert _metric(client, "ranmt_requests_total", endpoint="/translate",
@@ -201,7 +203,9 @@ def test_metrics_health_and_readiness(translators):
         assert _metric(client, "ranmt_batch_sentences_count", model="transf") >= 1
         assert _metric(client, "ranmt_decoded_tokens_total", model="transf") >= 6
         assert _metric(client, "ranmt_request_seconds_count", endpoint="/translate") >= 4
-        assert json.loads(client.get("/models").text)["limits"]["max_queued_tokens"] == 32000
+        listed = json.loads(client.get("/models").text)
+        assert listed["limits"]["max_queued_tokens"] == 32000
+        assert [model["state"] for model in listed["models"]] == ["ready", "ready"]
 
 
 def test_api_key_guards_every_endpoint_but_health(translators, tmp_path, monkeypatch):

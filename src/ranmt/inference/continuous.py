@@ -249,6 +249,37 @@ class ContinuousDecoder:
             self._queued_at = self.steps_taken
         self.waiting.append((ticket, list(ids), list(prefix or []), generator))
 
+    @torch.inference_mode()
+    def cancel(self, tickets: set) -> int:
+        """Drop the lines of ``tickets`` (queued or decoding) between two steps: their rows
+        leave the batch as finished sentences do, unanswered; the others decode on as
+        before. Returns how many lines were dropped. (The server drops a request's lines
+        at its deadline, ``ranmt.serving``.)"""
+        before = len(self.waiting)
+        self.waiting = [line for line in self.waiting if line[0] not in tickets]
+        dropped = before - len(self.waiting)
+        if self.sentences is None:
+            return dropped
+        kept = [i for i, ticket in enumerate(self.sentences.tickets) if ticket not in tickets]
+        gone = len(self.sentences.tickets) - len(kept)
+        if not gone:
+            return dropped
+        if not kept:
+            self.sentences = self.cache = self._joined = None
+            return dropped + gone
+        kept_sentences = torch.tensor(kept, dtype=torch.long, device=self.device)  # (m,)
+        rows = (kept_sentences[:, None] * self.beam +
+                torch.arange(self.beam, device=self.device)).view(-1)  # (m * beam,)
+        # Between two steps each row has written ``steps`` history slots (positions
+        # 0..steps-1), and no joined cache is pending (every step ends with its reorder).
+        plan = history_plan(self.sentences.steps.index_select(0, kept_sentences).tolist(),
+                            self.beam)
+        for member in self.cache.members:
+            member.plan = plan
+        self.model.reorder_cache(self.cache, rows)
+        self.sentences = self.sentences.select(kept_sentences, rows)
+        return dropped + gone
+
     @property
     def decoding(self) -> int:
         """Sentences in the batch now."""

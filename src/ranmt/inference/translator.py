@@ -213,6 +213,13 @@ class Translator:
         return search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
                       d.max_len_b, d.nbest, prefix=prefix, graphs=d.cuda_graphs)
 
+    def warm_up(self) -> None:
+        """Decode one short input (beneath the request path): the first call's one-off
+        costs (weight packing, allocator warm-up) are paid here, not by a server's first
+        request."""
+        search(self.model, pad_sources([[4, 5, 6]]).to(self.device), beam=2, max_len_a=0.0,
+               max_len_b=3)
+
     def continuous_decoder(self, **decode_overrides) -> tuple[ContinuousDecoder, DecodeConfig]:
         """A step-level batching decoder (:mod:`ranmt.inference.continuous`) with this model's
         decoding settings and ``decode_overrides``, and those settings. With sampling it

@@ -17,12 +17,19 @@ Endpoints (bodies and bounds: :mod:`ranmt.serving.schema`, ``/openapi.json``, do
 Each model has one bounded queue and worker (:mod:`ranmt.serving.batching`): admission up to
 ``max_queued_tokens`` (503 + ``Retry-After`` beyond), deadlines (504), departed clients'
 work dropped, and batches formed from the waiting requests in turns, so a small request is
-not held behind a burst. Decoding runs in a worker thread (the event loop keeps accepting
-meanwhile). Bad input is refused before it reaches a batch with a 4xx ``{"error": "..."}``
-naming the problem; an error inside decoding fails only the requests of that batch (500
-with the message) and the server keeps serving. SIGTERM (and Ctrl-C) stop accepting
-connections, finish the requests in flight and exit 0 (uvicorn's graceful shutdown). The
-server binds to 127.0.0.1 unless ``--host`` says otherwise.
+not held behind a burst. Decoding runs in a worker process per model (or a thread), so the
+event loop keeps accepting meanwhile. Bad input is refused before it reaches a batch with
+a 4xx ``{"error": "..."}`` naming the problem; an error inside decoding fails only the
+requests of that batch (500 with the message) and the server keeps serving.
+
+Faults (docs/SERVING.md, "What happens when things fail"): every accepted request ends by
+its deadline; each model's scheduling loop runs under a supervisor that answers its jobs
+500 and restarts it if it raises; decoding workers are watched and replaced
+(:mod:`ranmt.serving.worker`); a model that cannot decode refuses at once (503 +
+``Retry-After``) and ``/ready``, ``/models`` and ``/metrics`` say which and why. SIGTERM
+(and Ctrl-C) start a graceful shutdown: new requests get 503, those in flight have
+``--drain-s`` seconds to finish, the rest get a clean 503, then the workers stop and the
+process exits 0. The server binds to 127.0.0.1 unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
@@ -31,26 +38,29 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import gc
 import hmac
+import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 
 from ranmt.analysis.maps import attention_maps
-from ranmt.data.batching import pad_sources
 from ranmt.inference.scoring import word_alignment
 from ranmt.inference.translator import InputTooLongError, Translator
+from ranmt.runtime.memory import freeze_startup_heap
 from ranmt.serving.batching import (
     Batcher,
+    ModelUnavailableError,
     QueueFullError,
     StepBatcher,
+    UnavailableError,
     Work,
     fewest_tokens,
     wait_for_job,
@@ -130,8 +140,39 @@ class ServeMetrics:
                                       "hypotheses, EOS included)", ["model"],
                                       registry=self.registry)
         self.errors = Counter("ranmt_errors", "errors by model and kind (decoding, timeout, "
-                              "overload, disconnect)", ["model", "kind"],
-                              registry=self.registry)
+                              "overload, unavailable, disconnect, scheduler, shutdown)",
+                              ["model", "kind"], registry=self.registry)
+
+    def watch(self, served: _ServedModels) -> None:
+        """Export each model's readiness and its workers' replacements, read at scrape
+        time from ``served``."""
+        self.registry.register(_ModelStates(served))
+
+
+class _ModelStates:
+    """A Prometheus collector: ``ranmt_model_ready{model}`` (1 ready, 0 not: its worker is
+    loading, stalled, waiting to retry, or the server drains) and
+    ``ranmt_worker_replacements_total{model, cause}`` (exited, stalled, load-failed)."""
+
+    def __init__(self, served: _ServedModels):
+        self.served = served
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        ready = GaugeMetricFamily("ranmt_model_ready", "1 when the model can decode now",
+                                  labels=["model"])
+        replaced = CounterMetricFamily("ranmt_worker_replacements", "decoding workers "
+                                       "replaced, by cause", labels=["model", "cause"])
+        for name, batcher in self.served.batchers.items():
+            ready.add_metric([name], float(self.served.model_ready(name)))
+            for cause, count in getattr(getattr(batcher, "engine", None), "causes", {}).items():
+                replaced.add_metric([name, cause], count)
+        yield ready
+        yield replaced
 
 
 # ------------------------------------------------------------------------------ the app
@@ -164,36 +205,112 @@ class _ServedModels:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ranmt-decode")
         self.batchers: dict[str, Batcher] = {}
-        self.workers: list[asyncio.Task] = []
+        self.workers: dict[str, asyncio.Task] = {}  # model -> its supervised scheduling loop
+        self.loop_failures: dict[str, int] = {}  # model -> scheduling loops that raised
         self.metrics = ServeMetrics()
+        self.metrics.watch(self)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
 
     async def start(self) -> None:
         """A batcher per model, one warm-up decoding each, then the batching workers."""
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         for name, translator in self.translators.items():
             kind = StepBatcher if self.limits.batching == "step" else Batcher
             self.batchers[name] = kind(translator, self.limits, self.executor, self.metrics,
                                        name)
             # One decoding before serving: the first call's one-off costs (weight packing,
             # allocator warm-up) are not paid by the first requests.
-            await loop.run_in_executor(self.executor, warm_up, translator)
+            await loop.run_in_executor(self.executor, translator.warm_up)
             if isinstance(self.batchers[name], StepBatcher):
                 await self.batchers[name].start()  # its decoding worker, when a process
-        self.workers.extend(asyncio.create_task(b.run()) for b in self.batchers.values())
+        for name, batcher in self.batchers.items():
+            self.loop_failures[name] = 0
+            self.workers[name] = asyncio.create_task(self._supervise(name, batcher))
+
+    async def _supervise(self, name: str, batcher: Batcher) -> None:
+        """Run ``batcher``'s scheduling loop for as long as the server runs: if it raises,
+        every job it held is answered 500 with the reason, and it starts again."""
+        while True:
+            try:
+                await batcher.run()
+            except Exception as err:  # noqa: BLE001 (a bug or a fault below: survive it)
+                self.loop_failures[name] += 1
+                self.metrics.errors.labels(name, "scheduler").inc()
+                logging.getLogger("ranmt.serving.app").exception(
+                    "the scheduling loop of model '%s' failed; restarting it", name)
+                batcher.fail_all(RuntimeError(
+                    f"the scheduling loop of model '{name}' failed ({type(err).__name__}: "
+                    f"{err}); it was restarted"))
+                await asyncio.sleep(0.05)
 
     def stop(self) -> None:
-        for worker in self.workers:
+        """Answer what is left (503), stop the loops and the decoding workers."""
+        self._fail_all(self._shutting_down())
+        for worker in self.workers.values():
             worker.cancel()
         for batcher in self.batchers.values():
             if isinstance(batcher, StepBatcher):
                 batcher.stop()
         self.executor.shutdown(wait=True)
 
+    def _fail_all(self, err: Exception) -> int:
+        left = 0
+        for name, batcher in self.batchers.items():
+            count = batcher.fail_all(err)
+            left += count
+            if count:
+                self.metrics.errors.labels(name, "shutdown").inc(count)
+        return left
+
+    @staticmethod
+    def _shutting_down() -> UnavailableError:
+        return UnavailableError("the server is shutting down: this request was not "
+                               "finished within its drain period (--drain-s)", 5)
+
+    def model_ready(self, name: str) -> bool:
+        """Model ``name`` can decode now: its scheduling loop runs, its decoding worker (if
+        any) is ready, and the server is not shutting down."""
+        worker = self.workers.get(name)
+        return not self.draining and worker is not None and not worker.done() and \
+            self.batchers[name].status()["state"] == "ready"
+
     def running(self) -> bool:
-        """Every model's queue runs and its decoding worker (if any) is ready."""
-        return bool(self.workers) and all(not worker.done() for worker in self.workers) and \
-            all(getattr(b, "engine", None) is None or b.engine.ready
-                for b in self.batchers.values())
+        """Every model can decode now (:meth:`model_ready`)."""
+        return bool(self.workers) and all(self.model_ready(name) for name in self.batchers)
+
+    def states(self) -> dict[str, dict]:
+        """Per model: state, reason (None when ready), workers replaced, loops restarted."""
+        states = {}
+        for name, batcher in self.batchers.items():
+            status = dict(batcher.status())
+            if self.draining:
+                status.update(state="draining", reason="the server is shutting down")
+            status["scheduler_restarts"] = self.loop_failures.get(name, 0)
+            states[name] = status
+        return states
+
+    def in_flight(self) -> int:
+        return sum(batcher.in_flight for batcher in self.batchers.values())
+
+    def begin_drain(self, then: Callable[[], None]) -> None:
+        """Graceful shutdown (in the event loop): refuse new requests, give those in
+        flight ``limits.drain_s`` seconds, answer the rest 503, then ``then()`` (uvicorn's
+        exit). A second call (a second signal) calls ``then`` at once."""
+        if self.draining:
+            then()
+            return
+        self.draining = True
+        self._drain = asyncio.get_running_loop().create_task(self._drain_then(then))
+
+    async def _drain_then(self, then: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.drain_s
+        while self.in_flight() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if self._fail_all(self._shutting_down()):
+            await asyncio.sleep(0.2)  # their handlers answer before uvicorn stops
+        then()
 
     def pick(self, requested: str | None, lines: list[str]) -> tuple[str, Translator]:
         """The model asked for; 404 if unknown, 503 at once if its queue has no room for
@@ -202,10 +319,16 @@ class _ServedModels:
         if name not in self.translators:
             raise RequestError(404, f"unknown model '{name}'; loaded: "
                                     f"{sorted(self.translators)}")
+        if self.draining:
+            raise UnavailableError("the server is shutting down", 5)
         try:
+            self.batchers[name].refuse_if_down()
             self.batchers[name].refuse_if_full(fewest_tokens(lines))
         except QueueFullError:
             self.metrics.errors.labels(name, "overload").inc()
+            raise
+        except ModelUnavailableError:
+            self.metrics.errors.labels(name, "unavailable").inc()
             raise
         return name, self.translators[name]
 
@@ -223,6 +346,8 @@ class _ServedModels:
         batcher.in_flight += 1
         try:
             results = await wait_for_job(batcher, job, request.is_disconnected)
+        except UnavailableError:
+            raise  # counted where it was raised (unavailable, shutdown)
         except RequestError as err:
             errors.labels(name, "timeout" if err.status == 504 else "request").inc()
             raise
@@ -276,7 +401,8 @@ def _add_refusals_and_metrics(app: FastAPI, metrics: ServeMetrics, api_key: str 
 
     @app.exception_handler(RequestError)
     async def refused(_request: Request, err: RequestError):
-        headers = {"Retry-After": str(err.retry_after)} if isinstance(err, QueueFullError) else None
+        headers = {"Retry-After": str(err.retry_after)} if isinstance(err, UnavailableError) \
+            else None
         return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
 
     app.add_middleware(_Gate, metrics=metrics, api_key=api_key)
@@ -376,25 +502,37 @@ def _add_status_endpoints(app: FastAPI, served: _ServedModels) -> None:
                 "batches": sum(b.batches for b in batchers.values()),
                 "in_flight": sum(b.in_flight for b in batchers.values())}
 
-    @app.get("/ready")
+    @app.get("/ready", responses={
+        200: {"description": "every model can decode"},
+        503: {"description": "a model cannot decode now (see 'down'), or the server is "
+                             "shutting down"}})
     async def ready():
-        """Ready: every model is loaded and its batching worker runs (else 503)."""
+        """Ready: every model's scheduling loop runs and its decoding worker is ready, and
+        the server is not shutting down (else 503); ``down``: model -> why not."""
         running = served.running()
-        body = {"ready": running, "models": list(batchers)}
+        down = {name: state["reason"] or state["state"]
+                for name, state in served.states().items() if not served.model_ready(name)}
+        body = {"ready": running, "models": list(batchers), "down": down}
         return JSONResponse(body, status_code=200 if running else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={
+        200: {"description": "Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus_metrics():
+        """The Prometheus metrics (``ranmt_*``)."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return Response(generate_latest(served.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/models")
     async def models() -> dict:
+        """The served models, their state (ready, loading, waiting, draining, ...; with the
+        reason when not ready) and the request limits."""
+        states = served.states()
         return {"default": served.default, "models": [
             {"name": name, "arch": t.config.model.arch,
              "max_positions": t.config.model.max_positions,
-             "quantized": _quantized(t), "device": str(t.device)}
+             "quantized": _quantized(t), "device": str(t.device), **states.get(name, {})}
             for name, t in translators.items()],
             "limits": {"max_lines": limits.max_lines, "max_chars": limits.max_chars,
                        "max_beam": limits.max_beam,
@@ -408,8 +546,13 @@ _REFUSALS = {
     404: {"model": ErrorResponse, "description": "unknown model"},
     413: {"model": ErrorResponse, "description": "too many lines or characters"},
     415: {"model": ErrorResponse, "description": "the body is not declared as JSON"},
-    503: {"model": ErrorResponse, "description": "the model's queue is full; see Retry-After"},
-    504: {"model": ErrorResponse, "description": "the batch had not started by the deadline"}}
+    500: {"model": ErrorResponse, "description": "decoding failed, or the model's decoding "
+                                                 "worker ended while decoding this request"},
+    503: {"model": ErrorResponse, "description": "the model's queue is full, the model cannot "
+                                                 "decode now, or the server is shutting down; "
+                                                 "see Retry-After"},
+    504: {"model": ErrorResponse, "description": "the request passed its deadline "
+                                                 "(timeout_s or --request-timeout)"}}
 """The refusals ``/translate`` and ``/score`` document in the OpenAPI schema."""
 
 
@@ -589,25 +732,6 @@ def _entries(translator: Translator, ids: list[list[int]], results: list,
     return entries
 
 
-def warm_up(translator: Translator) -> None:
-    """Decode one short input with the model (beneath the Translator: not a request)."""
-    from ranmt.inference.decode import search
-
-    search(translator.model, pad_sources([[4, 5, 6]]).to(translator.device), beam=2,
-           max_len_a=0.0, max_len_b=3)
-
-
-def freeze_startup_heap() -> None:
-    """Collect garbage once, then move every object alive (the models, their vocabularies,
-    the libraries) to the collector's permanent generation. A served process allocates
-    quickly under a burst, and each full collection then traversed all of them: one took
-    ~95 ms of the event loop in the middle of a 60-request burst (AMD EPYC Zen 4, RAN-D
-    ``small``), half the time the burst's refusals waited (SERVING.md, "Run 5"). Objects
-    made later are collected as before."""
-    gc.collect()
-    gc.freeze()
-
-
 def _pieces(vocab, ids: list[int]) -> list[str]:
     return [vocab.processor.id_to_piece(i) for i in ids]
 
@@ -621,7 +745,6 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
           log_level: str = "info", api_key: str | None = None, precision: str = "fp32") -> None:
     """Load the models and serve them until SIGTERM / Ctrl-C."""
     import ipaddress
-    import logging
 
     import uvicorn
 
@@ -640,20 +763,30 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
                    for name, path in model_names(checkpoints).items()}
     app = create_app(translators, limits, api_key, freeze_heap=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=30, http=limits.http,
+                                           timeout_graceful_shutdown=5, http=limits.http,
                                            loop=limits.loop))
-    _run_until_signalled(server)
+    _run_until_signalled(server, app.state.served)
 
 
-def _run_until_signalled(server) -> None:
-    """Run a uvicorn server in a thread; SIGTERM / SIGINT in the main thread ask it to stop
-    (``should_exit``: stop accepting, finish the requests in flight), then return (exit 0).
-    uvicorn captures signals only in the main thread, so it neither sees nor re-raises them
-    here: no reliance on its internals."""
+def _run_until_signalled(server, served: _ServedModels) -> None:
+    """Run a uvicorn server in a thread until SIGTERM / SIGINT in the main thread: the first
+    starts the graceful shutdown in the event loop (:meth:`_ServedModels.begin_drain`: new
+    requests 503, those in flight finish within ``--drain-s`` or get 503), which then asks
+    uvicorn to stop (``should_exit``: stop accepting, finish writing answers); a second
+    signal stops at once. Then return (exit 0). uvicorn captures signals only in the main
+    thread, so it neither sees nor re-raises them here: no reliance on its internals."""
     import threading
 
-    def stop(_signum, _frame) -> None:
+    def exit_now() -> None:
         server.should_exit = True
+
+    def stop(_signum, _frame) -> None:
+        loop = served.loop
+        if loop is None or loop.is_closed() or server.should_exit:
+            exit_now()  # not serving yet (or a second signal after the drain)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(served.begin_drain, exit_now)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     thread = threading.Thread(target=server.run, name="ranmt-serve")

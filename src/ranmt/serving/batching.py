@@ -15,10 +15,16 @@ and one worker forms batches from them:
   job the previous batch served last. A one-line request that arrives behind a burst of
   large requests is in the next batch, not after the burst; a lone request still decodes
   in as few batches as before (all its lines, round after round).
-* **Deadlines and departures**: a job none of whose lines has been taken is dropped when
-  its deadline passes (504) or its client disconnects (nothing decoded); a job with a line
-  in a batch is decoded to its end and answered. Accepted jobs are never lost or mixed up:
-  each line's result goes back to its job at its position.
+* **Deadlines and departures**: a job is answered 504 when its deadline passes, and
+  dropped when its client disconnects: one none of whose lines was taken leaves the queue
+  (nothing decoded); with step-level batching the lines of a started one leave the
+  decoding batch at the next step (:meth:`StepBatcher.abandon`); a batch-level batch
+  decodes to its end, the late job's results unused. Accepted jobs are never lost or
+  mixed up: each line's result goes back to its job at its position.
+* **Faults**: a model with no live decoding worker refuses new requests at once (503 +
+  ``Retry-After``, :class:`ModelUnavailableError`) and answers those that waited for a
+  worker that failed to load the same way; :meth:`Batcher.fail_all` answers every job it
+  holds (the server's supervisor, when a scheduling loop fails; graceful shutdown).
 """
 
 from __future__ import annotations
@@ -106,15 +112,26 @@ def fewest_tokens(lines: list[str]) -> int:
     return len(lines) + sum(len(_WORD.findall(line)) for line in lines)
 
 
-class QueueFullError(RequestError):
-    """The model's queue holds ``max_queued_tokens``: 503, retry after ``retry_after`` s."""
+class UnavailableError(RequestError):
+    """503 with ``Retry-After: retry_after`` (seconds): the request may succeed later."""
 
-    def __init__(self, message: str, retry_after: int):
+    def __init__(self, message: str, retry_after: float):
         super().__init__(503, message)
-        self.retry_after = retry_after
+        self.retry_after = max(1, int(-(-retry_after // 1)))
 
 
-def timeout_error() -> RequestError:
+class QueueFullError(UnavailableError):
+    """The model's queue holds ``max_queued_tokens``."""
+
+
+class ModelUnavailableError(UnavailableError):
+    """The model has no live decoding worker (it is being replaced, or cannot load)."""
+
+
+def timeout_error(started: bool = False) -> RequestError:
+    if started:
+        return RequestError(504, "the request passed its deadline (timeout_s or "
+                                 "--request-timeout) while decoding; its lines were dropped")
     return RequestError(504, "the request waited past its deadline (timeout_s or "
                              "--request-timeout) before its batch started; nothing was decoded")
 
@@ -141,6 +158,7 @@ class Batcher:
         self.queued_tokens = 0
         self.queued_requests = 0
         self.tokens_per_s = 0.0  # source tokens decoded per second, recent batches
+        self.decoding_jobs: list[Job] = []  # batch-level: the jobs of the batch decoding
 
     # ------------------------------------------------------------------ admission, dropping
     def submit(self, ids: list[list[int]], work: Work, timeout_s: float,
@@ -185,6 +203,37 @@ class Batcher:
             self.queued_tokens -= job.tokens
             self._leave_queue(job)
         return True
+
+    def abandon(self, job: Job, err: Exception) -> None:
+        """Answer ``job`` with ``err`` now, whether it started or not: its lines not taken
+        leave the queue (and, with step-level batching, its decoding lines the batch)."""
+        if job.queued:
+            self.queued_tokens -= sum(len(job.ids[line]) + 1 for line in job.order[job.taken:])
+            job.taken = len(job.ids)
+            self._leave_queue(job)
+        if not job.future.done():
+            job.future.set_exception(err)
+
+    def jobs(self) -> list[Job]:
+        """Every job this queue holds: waiting, or decoding."""
+        held = {id(job): job for job in self.pending}
+        held.update((id(job), job) for job in self.decoding_jobs if not job.future.done())
+        return list(held.values())
+
+    def fail_all(self, err: Exception) -> int:
+        """Answer every job held with ``err``; how many there were."""
+        jobs = self.jobs()
+        for job in jobs:
+            self.abandon(job, err)
+        return len(jobs)
+
+    def refuse_if_down(self) -> None:
+        """:class:`ModelUnavailableError` when the model cannot decode now (batch-level
+        batching decodes in the server's own thread: never)."""
+
+    def status(self) -> dict:
+        """The model's state for ``/ready``, ``/models`` and ``/metrics``."""
+        return {"state": "ready", "reason": None, "restarts": 0}
 
     def _leave_queue(self, job: Job) -> None:
         if job.queued:
@@ -279,12 +328,15 @@ class Batcher:
         if any(job.extras is not None for job, _ in batch):
             extras = [job.extras[line] if job.extras is not None else [] for job, line in batch]
         started = time.perf_counter()
+        self.decoding_jobs = [job for job, _ in batch]
         try:
             results = await loop.run_in_executor(
                 self.executor, lambda: work.run(self.translator, ids, extras))
         except Exception as err:  # noqa: BLE001 (reported to the requests of this batch)
             self._fail(batch, err)
             return
+        finally:
+            self.decoding_jobs = []
         seconds = time.perf_counter() - started
         source_tokens = sum(len(seq) + 1 for seq in ids)
         rate = source_tokens / max(seconds, 1e-6)
@@ -312,13 +364,7 @@ class Batcher:
         if self.metrics is not None:
             self.metrics.errors.labels(self.name, "decoding").inc()
         for job in {id(job): job for job, _ in batch}.values():
-            if job.queued:
-                self.queued_tokens -= sum(len(job.ids[line]) + 1
-                                          for line in job.order[job.taken:])
-                job.taken = len(job.ids)
-                self._leave_queue(job)
-            if not job.future.done():
-                job.future.set_exception(err)
+            self.abandon(job, err)
 
 
 class StepBatcher(Batcher):
@@ -347,8 +393,8 @@ class StepBatcher(Batcher):
         super().__init__(translator, limits, executor, metrics, name)
         if limits.workers == "process" and translator.load_options is not None:
             self.engine = ProcessDecoding(translator.load_options, name, self._line_done,
-                                          self._lines_failed, self._stepped,
-                                          nice=limits.worker_nice)
+                                          self._lines_failed, self._stepped, limits,
+                                          on_down=self._model_down)
         else:
             self.engine = ThreadDecoding(translator, executor, self._line_done,
                                          self._lines_failed, self._stepped)
@@ -374,6 +420,40 @@ class StepBatcher(Batcher):
     def stop(self) -> None:
         self.engine.stop()
 
+    def refuse_if_down(self) -> None:
+        if not self.engine.ready:
+            reason = self.engine.reason or "its decoding worker is starting"
+            retry = self.engine.retry_after()
+            raise ModelUnavailableError(f"model '{self.name}' cannot decode now: {reason}; "
+                                        f"retry in {retry:.0f} s", retry)
+
+    def status(self) -> dict:
+        return {"state": self.engine.state, "reason": self.engine.reason,
+                "restarts": self.engine.restarts}
+
+    def jobs(self) -> list[Job]:
+        held = {id(job): job for job in super().jobs()}
+        held.update((id(job), job) for job, _, _ in self.inside.values())
+        return list(held.values())
+
+    def abandon(self, job: Job, err: Exception) -> None:
+        """As :meth:`Batcher.abandon`; the job's lines decoding leave the batch at the
+        next step (never answered)."""
+        keys = [key for key, (owner, _, _) in self.inside.items() if owner is job]
+        for key in keys:
+            self._leave(key)
+        if keys:
+            self.engine.cancel(keys)
+        super().abandon(job, err)
+
+    def _model_down(self, reason: str, retry_after: float) -> None:
+        """The model's worker failed to load: what waits for it is refused now (503)."""
+        waiting = [job for job in self.pending if not job.future.done()]
+        for job in waiting:
+            self.abandon(job, ModelUnavailableError(
+                f"model '{self.name}' cannot decode now: {reason}; retry in "
+                f"{retry_after:.0f} s", retry_after))
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -393,7 +473,9 @@ class StepBatcher(Batcher):
     # ------------------------------------------------------------------ admission
     def _admit(self) -> None:
         """Lines of the waiting translation jobs into the decoding batch while there is
-        room (see the class docstring)."""
+        room (see the class docstring), while the decoding worker is ready."""
+        if not self.engine.ready:
+            return
         turn = self._in_turn("translate")
         decoding = collections.Counter(id(job) for job, _, _ in self.inside.values())
         for express in (True, False):
@@ -502,18 +584,24 @@ def _rounds(turn: list[Job]):
 
 
 async def wait_for_job(batcher: Batcher, job: Job, is_disconnected, poll_s: float = 0.05):
-    """The job's results; :class:`RequestError` 504 when its deadline passes before its
-    first line was taken, None when the client disconnects before then (the job is dropped
-    from the queue either way). A started job is always waited for to the end."""
+    """The job's results; :class:`RequestError` 504 when its deadline passes (its lines
+    leave the queue, or the decoding batch if it started: :meth:`Batcher.abandon`), None
+    when the client disconnects (dropped the same way). A started job is checked for its
+    client every ``poll_s`` too, so a client that hangs up stops costing decoding steps."""
     loop = asyncio.get_running_loop()
     while True:
-        wait = poll_s if job.started else min(poll_s, max(job.deadline - loop.time(), 0.0))
+        wait = min(poll_s, max(job.deadline - loop.time(), 0.0))
         await asyncio.wait({job.future}, timeout=wait)
         if job.future.done():
-            return job.future.result()  # the worker's 504 or a decoding error raise here
-        if job.started:
-            continue
-        if loop.time() >= job.deadline and batcher.drop(job):
-            raise timeout_error()
-        if await is_disconnected() and batcher.drop(job):
+            return job.future.result()  # a 504, 503 or decoding error raises here
+        if loop.time() >= job.deadline:
+            if batcher.drop(job):
+                raise timeout_error()
+            job.future.cancel()  # what is raised here is the answer
+            batcher.abandon(job, timeout_error(started=True))
+            raise timeout_error(started=True)
+        if await is_disconnected():
+            if not batcher.drop(job):
+                job.future.cancel()
+                batcher.abandon(job, ConnectionResetError("the client disconnected"))
             return None

@@ -101,6 +101,29 @@ class ServeLimits:
     on 2 cores the burst's refusals came in 63-85 ms p50 against 74-129 ms at 5, the value
     before (SERVING.md, "Run 5")."""
 
+    worker_stall_s: float = _limit(
+        5.0, "--worker-stall-s", "a decoding worker that holds lines and reports no step for "
+        "this many seconds past its slowest step so far is killed and replaced; its requests "
+        "get 500 (default 5)", low=0, above=True, metavar="SECONDS")
+    """The watchdog of ``--workers process``: a worker that holds lines reports at least every
+    0.25 s while it steps; one that reports nothing for this long plus its slowest step so
+    far is hung (a stopped process, a deadlock in a library) and is replaced."""
+    worker_load_timeout_s: float = _limit(
+        300.0, "--worker-load-timeout", "a decoding worker that has not loaded its model and "
+        "decoded once after this many seconds is killed and tried again (default 300)",
+        low=0, above=True, metavar="SECONDS")
+    restart_backoff_max_s: float = _limit(
+        30.0, "--restart-backoff-max", "a decoding worker that fails to load is tried again "
+        "after 1, 2, 4, ... seconds, at most this many (default 30)", low=1,
+        metavar="SECONDS")
+    """The longest wait between two tries of a worker that cannot load (its checkpoint is
+    unreadable, say): the model comes back at most this long after its checkpoint does."""
+    drain_s: float = _limit(
+        20.0, "--drain-s", "on SIGTERM / Ctrl-C: refuse new requests (503) and give those in "
+        "flight this many seconds to finish; the rest get 503 (default 20)", low=0,
+        metavar="SECONDS")
+    """Graceful shutdown: how long requests in flight may still finish after SIGTERM."""
+
     http: str = _choice(
         "auto", "--http", ("auto", "httptools", "h11"),
         "HTTP parser: httptools (C; installed with ranmt), h11 (pure "

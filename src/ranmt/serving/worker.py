@@ -16,15 +16,32 @@ default) or in a thread of the server's process.
   so ``/health``, ``/ready``, ``/metrics`` and refusals never wait for a decoding step,
   and the worker runs at a lower scheduling priority (``nice`` 19 by default,
   ``--worker-nice``) so that on a busy machine the HTTP side gets the CPU when it needs
-  it. A worker that exits (killed, out of memory) is started again; the lines it held are
-  answered 500. A first worker that exits before it is ready fails the server's start;
-  after three restarts in a row that never got ready no more are started (``/ready``
-  stays 503, waiting requests get 504).
+  it. It is supervised (docs/SERVING.md, "What happens when things fail"):
+
+  - a worker that exits (killed, out of memory) is replaced at once; the lines it held
+    are answered 500;
+  - a **watchdog** kills a worker that holds lines and reports no step for
+    ``--worker-stall-s`` seconds past the slowest step it has taken (a hung decoder), or
+    that has not loaded within ``--worker-load-timeout``; it is then replaced as above;
+  - a worker that exits before it is ready (its checkpoint unreadable, say) is tried
+    again after 1, 2, 4, ... seconds, at most ``--restart-backoff-max``, for as long as
+    the server runs, so the model comes back by itself once its checkpoint does; only the
+    server's very first worker of a model fails the server's start instead;
+  - the worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the
+    server decides when its workers stop) and dies with its parent (``PR_SET_PDEATHSIG``
+    on Linux; everywhere, it exits when the server's end of its pipe closes).
+
+  Its state (:attr:`ProcessDecoding.state`: starting, ready, loading, waiting, stopped)
+  and the reason it is not ready are what ``/ready``, ``/models`` and ``/metrics`` report.
 
 Both tell the queue (:class:`ranmt.serving.batching.StepBatcher`) what finished through
 ``on_done(key, hypotheses)`` and ``on_failed(keys, error)`` (``key``: the queue's number for
 one line of one request), and how many steps were taken with how many sentences through
-``on_steps(steps, sentences)``.
+``on_steps(steps, sentences)``. ``cancel(keys)`` drops lines (a request past its deadline,
+or whose client left) from the decoding batch between two steps.
+
+The worker imports the translator and the runtime, never the server (it is a leaf of the
+serving package).
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +59,11 @@ from typing import Any
 OnDone = Callable[[int, list], None]
 OnFailed = Callable[[list[int], Exception], None]
 OnSteps = Callable[[int, int], None]
+OnDown = Callable[[str, float], None]
+
+HEARTBEAT_S = 0.25
+"""A worker that holds lines reports at least this often (after the step that passes it),
+finished lines or not: what the watchdog's "no step for N seconds" is measured by."""
 
 
 class LineDecoding:
@@ -87,6 +110,22 @@ class LineDecoding:
 
     def idle(self) -> bool:
         return not self.decoders
+
+    def cancel(self, keys: set[int]) -> None:
+        """Drop the lines ``keys`` (queued or decoding, every draw of a sampled line) from
+        their decoders; they are never answered."""
+        for lane in list(self.decoders):
+            mine = self.keys[lane] & keys
+            if not mine:
+                continue
+            decoder, settings = self.decoders[lane]
+            draws = settings.nbest if settings.sampling != "none" else 1
+            decoder.cancel({(key, draw) for key in mine for draw in range(draws)})
+            self.keys[lane] -= mine
+            for key in mine:
+                self.draws.pop(key, None)
+            if decoder.idle():
+                del self.decoders[lane], self.keys[lane]
 
     def sentences(self) -> int:
         """Sentences (draws, with sampling) in the decoding batches now."""
@@ -144,9 +183,14 @@ class LineDecoding:
                 del self.decoders[lane], self.keys[lane]
 
 
-class ThreadDecoding:
-    """Step-level decoding in the server's decoding thread (``executor``)."""
 
+class ThreadDecoding:
+    """Step-level decoding in the server's decoding thread (``executor``). Lines dropped
+    while a step runs there are dropped before the next step, in that thread."""
+
+    state = "ready"
+    reason: str | None = None
+    restarts = 0
     ready = True
 
     def __init__(self, translator, executor, on_done: OnDone, on_failed: OnFailed,
@@ -154,6 +198,7 @@ class ThreadDecoding:
         self.lines = LineDecoding(translator)
         self.executor = executor
         self.on_done, self.on_failed, self.on_steps = on_done, on_failed, on_steps
+        self.cancelled: set[int] = set()
 
     async def start(self) -> None:
         pass
@@ -161,18 +206,33 @@ class ThreadDecoding:
     def stop(self) -> None:
         pass
 
+    def retry_after(self) -> float:
+        return 0.0
+
     def add(self, key: int, options: tuple, ids: list[int], prefix, line: int,
             express: bool = False) -> None:
         self.lines.add(key, options, ids, prefix, line, express)
 
+    def cancel(self, keys: list[int]) -> None:
+        self.cancelled.update(keys)
+
     async def wait_ready(self) -> None:
         pass
+
+    def _step(self):
+        """In the decoding thread: drop what was cancelled, then one step."""
+        if self.cancelled:
+            cancelled, self.cancelled = self.cancelled, set()
+            self.lines.cancel(cancelled)
+        if self.lines.idle():
+            return [], []
+        return self.lines.step()
 
     async def advance(self, arrival: asyncio.Event) -> None:
         """One step of every decoder, its results reported."""
         sentences = self.lines.sentences()
         finished, failed = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self.lines.step)
+            self.executor, self._step)
         self.on_steps(1, sentences)
         for keys, err in failed:
             self.on_failed(keys, err)
@@ -181,72 +241,143 @@ class ThreadDecoding:
 
 
 class WorkerDiedError(RuntimeError):
-    """The decoding worker process exited while it held lines."""
+    """The decoding worker process exited (or was killed as stalled) while it held lines."""
 
 
 class ProcessDecoding:
-    """Step-level decoding in a process of its own (see the module docstring).
+    """Step-level decoding in a supervised process of its own (see the module docstring).
 
-    ``load``: the keyword arguments of :meth:`ranmt.inference.translator.Translator.load` that give
-    the served model (:attr:`ranmt.inference.translator.Translator.load_options`)."""
+    ``load``: the keyword arguments of :meth:`ranmt.inference.translator.Translator.load`
+    that give the served model (:attr:`ranmt.inference.translator.Translator.load_options`);
+    ``limits``: the :class:`ranmt.serving.limits.ServeLimits` (niceness, watchdog, back-off);
+    ``on_down(reason, retry_after_s)``: a replacement failed to load (the queue refuses what
+    waits for it)."""
 
     def __init__(self, load: dict, name: str, on_done: OnDone, on_failed: OnFailed,
-                 on_steps: OnSteps, nice: int = 19):
+                 on_steps: OnSteps, limits=None, on_down: OnDown | None = None):
+        from ranmt.serving.limits import ServeLimits
+
         self.load = load
-        self.nice = nice  # the worker's scheduling niceness (ServeLimits.worker_nice)
+        self.limits = limits or ServeLimits()
         self.name = name
         self.on_done, self.on_failed, self.on_steps = on_done, on_failed, on_steps
+        self.on_down = on_down
         self.process = None
         self.connection = None
-        self.ready = False
+        self.state = "starting"
+        """starting (the server's first worker) | ready | loading (a replacement) | waiting
+        (back-off before the next try) | stopped"""
+        self.reason: str | None = None  # why the model is not ready (or was last replaced)
+        self.error: str | None = None  # the first worker could not start: the server fails
+        self.ever_ready = False
+        self._loaded = False  # the current worker said it was ready
         self.restarts = 0
         self.failed_starts = 0  # workers in a row that exited before they were ready
-        self.error: str | None = None  # set when no more workers are started
+        self.causes: dict[str, int] = {"exited": 0, "stalled": 0, "load-failed": 0}
         self.held: set[int] = set()  # keys sent and not answered
+        self.slowest_step_s = 0.0
+        self.last_news = 0.0  # event-loop time of the worker's last report
+        self.spawned_at = 0.0
+        self.retry_at = 0.0  # while waiting: when the next worker starts
+        self._kill_reason: str | None = None  # set by the watchdog before it kills
+        self._load_error: str | None = None  # what the worker said before it exited
         self._news = asyncio.Event()
         self._became_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
 
     async def start(self) -> None:
-        """Start the worker and wait until it has loaded the model and decoded once."""
+        """Start the worker and wait until it has loaded the model and decoded once;
+        RuntimeError (with the worker's reason) if it cannot."""
         self._loop = asyncio.get_running_loop()
         self._spawn()
+        self._background(self._watch())
         await self._became_ready.wait()
         if self.error is not None:
             raise RuntimeError(self.error)
 
+    def _background(self, coroutine) -> None:
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _spawn(self) -> None:
         context = _context()
         parent, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, self.load, self.nice),
+        self.process = context.Process(target=_worker_main,
+                                       args=(child, self.load, self.limits.worker_nice),
                                        name=f"ranmt-decode-{self.name}", daemon=True)
         self.process.start()
         child.close()
         self.connection = parent
-        self.ready = False
+        if self.state != "starting":
+            self.state = "loading"
+        self.spawned_at = self.last_news = self._loop.time()
+        self._kill_reason = self._load_error = None
+        self._loaded = False
         self._became_ready.clear()
         self._loop.add_reader(parent.fileno(), self._readable)
 
     def stop(self) -> None:
+        """Stop the worker (the server is shutting down)."""
+        self.state = "stopped"
+        for task in list(self._tasks):
+            task.cancel()
+        self._became_ready.set()
         if self.connection is not None:
             self._loop.remove_reader(self.connection.fileno())
-            with contextlib.suppress(OSError):
-                self.connection.send(("stop",))
+            self._send(("stop",))
             self.connection.close()
             self.connection = None
         if self.process is not None:
-            self.process.join(5)
+            self.process.join(2)
             if self.process.is_alive():
                 self.process.kill()
-                self.process.join(5)
+                self.process.join(2)
 
+    def retry_after(self) -> float:
+        """Seconds until a worker may be ready again (0 when ready)."""
+        if self.state == "ready":
+            return 0.0
+        if self.state == "waiting":
+            return max(self.retry_at - self._loop.time(), 0.0) + 1.0
+        return 1.0
+
+    # ------------------------------------------------------------------ lines in
     def add(self, key: int, options: tuple, ids: list[int], prefix, line: int,
             express: bool = False) -> None:
+        if not self.held:
+            self.last_news = self._loop.time()  # the watchdog counts from here
         self.held.add(key)
-        self.connection.send(("add", key, options, ids, prefix, line, express))
+        if self.connection is None:  # no worker right now: fail it from the event loop
+            self.held.discard(key)
+            self._loop.call_soon(self.on_failed, [key], WorkerDiedError(
+                f"the decoding worker of model '{self.name}' is not running"))
+            return
+        self._send(("add", key, options, ids, prefix, line, express))
+
+    def cancel(self, keys: list[int]) -> None:
+        """Drop lines ``keys`` from the worker's batch (never answered)."""
+        keys = [key for key in keys if key in self.held]
+        self.held.difference_update(keys)
+        if keys and self.connection is not None:
+            self._send(("cancel", keys))
+
+    def _send(self, message: tuple) -> None:
+        """Send to the worker; a broken pipe never raises into the caller: the worker is
+        killed, and its end (the pipe's EOF) fails what it held and replaces it."""
+        try:
+            self.connection.send(message)
+        except (OSError, ValueError) as err:
+            if message[0] != "stop" and self.process is not None:
+                self._kill(f"the pipe to it broke ({type(err).__name__}: {err})")
 
     async def wait_ready(self) -> None:
-        """Until a worker is ready; RuntimeError when none can start (``error``)."""
+        """Until a worker is ready; RuntimeError when the first one could not start."""
         await self._became_ready.wait()
         if self.error is not None:
             raise RuntimeError(self.error)
@@ -262,6 +393,7 @@ class ProcessDecoding:
                 waiting.cancel()
         self._news.clear()
 
+    # ------------------------------------------------------------------ news from it
     def _readable(self) -> None:
         """The event loop's callback when the pipe has data (or was closed)."""
         try:
@@ -273,45 +405,116 @@ class ProcessDecoding:
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]
+        self.last_news = self._loop.time()
         if kind == "ready":
-            self.ready = True
+            self.state, self.reason = "ready", None
+            self.ever_ready = self._loaded = True
             self.failed_starts = 0
             self._became_ready.set()
-        elif kind == "done":
+        elif kind == "done":  # (finished lines, steps, sentences, slowest step)
+            self.slowest_step_s = max(self.slowest_step_s, message[4])
             self.on_steps(message[2], message[3])
             for key, hyps in message[1]:
-                self.held.discard(key)
-                self.on_done(key, hyps)
+                if key in self.held:  # else dropped meanwhile (deadline, client gone)
+                    self.held.discard(key)
+                    self.on_done(key, hyps)
         elif kind == "failed":
-            keys, text = message[1], message[2]
+            keys = [key for key in message[1] if key in self.held]
             self.held.difference_update(keys)
-            self.on_failed(keys, RuntimeError(text))
+            if keys:
+                self.on_failed(keys, RuntimeError(message[2]))
+        elif kind == "load-failed":
+            self._load_error = message[1]
+
+    # ------------------------------------------------------------------ supervision
+    def stall_limit_s(self) -> float:
+        """How long a worker holding lines may report nothing before it is killed."""
+        return self.limits.worker_stall_s + self.slowest_step_s
+
+    async def _watch(self) -> None:
+        """The watchdog (every 100 ms): kill a worker that holds lines and reports no
+        step, or that does not finish loading."""
+        while True:
+            await asyncio.sleep(0.1)
+            now = self._loop.time()
+            if self.state == "ready" and self.held and \
+                    now - self.last_news > self.stall_limit_s():
+                self._kill(f"it was stalled: no decoding step for {now - self.last_news:.1f} s "
+                           f"with {len(self.held)} lines in flight", cause="stalled")
+            elif self.state in ("starting", "loading") and self.process is not None and \
+                    self._kill_reason is None and \
+                    now - self.spawned_at > self.limits.worker_load_timeout_s:
+                self._kill(f"it did not load within {self.limits.worker_load_timeout_s:g} s",
+                           cause="load-failed")
+
+    def _kill(self, reason: str, cause: str = "exited") -> None:
+        """Kill the worker (its pipe's EOF then fails what it held and replaces it)."""
+        if self._kill_reason is not None:
+            return
+        self._kill_reason = reason
+        self.causes[cause] += 1
+        print(f"ranmt serve: killing the decoding worker of model '{self.name}': {reason}",
+              file=sys.stderr)
+        if cause == "stalled":
+            self.state = "loading"  # not ready from now on (/ready)
+            self.reason = reason
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.process.kill()
 
     def _died(self) -> None:
-        """The worker exited: fail the lines it held, start a new one."""
+        """The worker's pipe closed: it exited or was killed. Reap it, fail the lines it
+        held and replace it, without blocking the event loop."""
         self._loop.remove_reader(self.connection.fileno())
         self.connection.close()
         self.connection = None
-        self.process.join(5)
-        code = self.process.exitcode
+        process, self.process = self.process, None
+        if self.state != "stopped":
+            self._background(self._recover(process, self._loaded))
+
+    async def _recover(self, process, loaded: bool) -> None:
+        """After a worker's end (``loaded``: it had become ready): fail what it held, then
+        start a new one, at once after a crash or a stall, after a back-off after a failed
+        load."""
+        await asyncio.to_thread(process.join, 5)
+        if process.is_alive():
+            process.kill()
+            await asyncio.to_thread(process.join, 5)
+        code = process.exitcode
+        why = self._kill_reason or self._load_error or f"it exited (code {code})"
         keys, self.held = sorted(self.held), set()
         if keys:
             self.on_failed(keys, WorkerDiedError(
-                f"the decoding worker of model '{self.name}' exited (code {code}) while "
-                "decoding this request"))
-        if not self.ready:
-            self.failed_starts += 1
-        if (self.restarts == 0 and not self.ready) or self.failed_starts >= 3:
-            # It cannot start (the first one, or three in a row): give up, say why.
+                f"the decoding worker of model '{self.name}' ended while decoding this "
+                f"request: {why}"))
+        if self.state == "stopped":
+            return
+        if not self.ever_ready:  # the server's first worker: the server does not start
+            self.state = "stopped"
             self.error = (f"the decoding worker of model '{self.name}' exited (code {code}) "
-                          f"before it was ready; no new one is started")
+                          f"before it was ready: {why}")
             print(f"ranmt serve: {self.error}", file=sys.stderr)
             self._became_ready.set()  # wakes start(), which raises
             return
-        print(f"ranmt serve: the decoding worker of model '{self.name}' exited (code {code});"
-              " starting a new one", file=sys.stderr)
+        if not loaded:
+            self.failed_starts += 1
+            self.causes["load-failed"] += self._kill_reason is None
+        elif self._kill_reason is None:
+            self.causes["exited"] += 1
+        delay = 0.0 if not self.failed_starts else \
+            min(self.limits.restart_backoff_max_s, 2.0 ** (self.failed_starts - 1))
+        self.reason = f"its decoding worker {'failed to load' if not loaded else 'ended'}: {why}"
+        print(f"ranmt serve: model '{self.name}': {self.reason}; starting a new worker"
+              + (f" in {delay:g} s" if delay else ""), file=sys.stderr)
+        if delay:
+            self.state = "waiting"
+            self.retry_at = self._loop.time() + delay
+            if self.on_down is not None:
+                self.on_down(self.reason, delay)
+            await asyncio.sleep(delay)
+            if self.state == "stopped":
+                return
         self.restarts += 1
-        self.ready = False
+        self.state = "loading"
         self._spawn()
 
 
@@ -327,31 +530,62 @@ def _context():
     return context
 
 
-def _worker_main(connection, load: dict, nice: int = 19) -> None:
-    """The worker process: load the model, then take lines and step while it holds any."""
-    from ranmt.inference.translator import Translator
-    from ranmt.serving.app import freeze_startup_heap, warm_up
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent exits (the forkserver, which
+    exits with the server). Elsewhere the closed pipe ends it (see :func:`_decode_lines`)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
 
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _worker_main(connection, load: dict, nice: int = 19) -> None:
+    """The worker process: load the model, then take lines and step while it holds any.
+    A model that cannot load is reported (``load-failed``) before the process exits 1."""
+    from ranmt.inference.translator import Translator
+    from ranmt.runtime.memory import freeze_startup_heap
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when its workers stop
+    _die_with_parent()
     with contextlib.suppress(OSError):
         os.nice(nice)
-    translator = Translator.load(**load)
-    warm_up(translator)
+    try:
+        translator = Translator.load(**load)
+        translator.warm_up()
+    except Exception as err:  # noqa: BLE001 (reported to the server, which retries)
+        with contextlib.suppress(OSError, ValueError):
+            connection.send(("load-failed", f"{type(err).__name__}: {err}"))
+        sys.exit(1)
     freeze_startup_heap()  # no full collection stalls a decoding step on the model's objects
-    lines = LineDecoding(translator)
     connection.send(("ready",))
-    steps = 0  # since the last report
+    with contextlib.suppress(EOFError, OSError):  # the server is gone: exit quietly
+        _decode_lines(connection, LineDecoding(translator))
+
+
+def _decode_lines(connection, lines: LineDecoding) -> None:
+    """Take lines (and drops) from the pipe, and step while any are held; report finished
+    lines as they finish, and at least every :data:`HEARTBEAT_S` while decoding."""
+    steps, slowest, reported = 0, 0.0, time.monotonic()  # since the last report
     while True:
         if lines.idle() or connection.poll():
             message = connection.recv()  # blocks while there is nothing to decode
             if message[0] == "stop":
                 return
-            lines.add(*message[1:])
-            continue  # take every line already sent before the next step
+            if message[0] == "cancel":
+                lines.cancel(set(message[1]))
+            else:
+                lines.add(*message[1:])
+            continue  # take every message already sent before the next step
         sentences = lines.sentences()
+        started = time.monotonic()
         finished, failed = lines.step()
-        steps += 1
-        if finished:  # (lines, steps since the last report, sentences in the last step)
-            connection.send(("done", finished, steps, sentences))
-            steps = 0
+        now = time.monotonic()
+        steps, slowest = steps + 1, max(slowest, now - started)
+        if finished or now - reported >= HEARTBEAT_S:
+            # (lines, steps since the last report, sentences in the last step, slowest step)
+            connection.send(("done", finished, steps, sentences, slowest))
+            steps, slowest, reported = 0, 0.0, now
         for keys, err in failed:
             connection.send(("failed", keys, f"{type(err).__name__}: {err}"))

@@ -87,3 +87,72 @@ def test_the_config_reads_no_corpora():
     the code that has the data."""
     modules = {module for _, module, _ in _imports(SRC / "config.py")}
     assert not any(module.startswith("ranmt.data") for module in modules), modules
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the ranmt modules it imports (at module level or inside functions; not
+    under ``if TYPE_CHECKING:``), ``from ranmt.pkg import module`` counted as the module."""
+    modules = {".".join(("ranmt", *path.relative_to(SRC).with_suffix("").parts))
+               .removesuffix(".__init__"): path for path in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith("ranmt"):
+                for alias in node.names:
+                    name = f"{node.module}.{alias.name}"
+                    targets.add(name if name in modules else node.module)
+        targets |= {target for _, target in _runtime_imports(tree)}
+        graph[module] = {target for target in targets if target in modules and target != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No module imports, even lazily inside a function, a module that imports it back
+    (directly or round a longer circle): inside a package too, where the layers above do
+    not look (``serving.worker`` once imported ``serving.app``, the server that starts
+    it). The package ``__init__`` files re-export and are left out."""
+    graph = {module: {target for target in targets if not _is_package(target)}
+             for module, targets in _module_graph().items() if not _is_package(module)}
+    assert _cycles(graph) == []
+
+
+def _is_package(module: str) -> bool:
+    return (SRC.joinpath(*module.split(".")[1:]) / "__init__.py").is_file() or module == "ranmt"

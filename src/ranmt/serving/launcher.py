@@ -9,14 +9,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 
-def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
-                  ) -> tuple[subprocess.Popen, str]:
+def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None,
+                  errors_to: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``ranmt serve ARGS`` in a child process on a free loopback port and wait (up to
     ``wait_s``) until it answers ``GET /health``. Returns (process, base URL); the caller
     stops the process. For tests, load benchmarks and scripts that drive a real server.
-    ``env``: the child's environment (default: this process').
+    ``env``: the child's environment (default: this process'); ``errors_to``: a file that
+    keeps the server's error output (its log) for the caller to read.
 
     Raises ``RuntimeError`` (with the end of the server's error output) when the server
     exits or does not answer in time; the process is then stopped."""
@@ -26,7 +28,7 @@ def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
     url = f"http://127.0.0.1:{port}"
     # stderr goes to a file, not a pipe that nobody would drain while the server runs; the
     # child keeps its own handle when this one closes.
-    with tempfile.TemporaryFile() as errors:
+    with (open(errors_to, "w+b") if errors_to else tempfile.TemporaryFile()) as errors:
         process = subprocess.Popen([sys.executable, "-m", "ranmt", "serve", "--port",
                                     str(port), *args], stdout=subprocess.DEVNULL, stderr=errors,
                                    env=env)

@@ -275,6 +275,7 @@ class ProcessDecoding:
         self.failed_starts = 0  # workers in a row that exited before they were ready
         self.causes: dict[str, int] = {"exited": 0, "stalled": 0, "load-failed": 0}
         self.held: set[int] = set()  # keys sent and not answered
+        self.unacknowledged = 0  # drops sent that the worker has not confirmed
         self.slowest_step_s = 0.0
         self.last_news = 0.0  # event-loop time of the worker's last report
         self.spawned_at = 0.0
@@ -319,6 +320,7 @@ class ProcessDecoding:
         self.spawned_at = self.last_news = self._loop.time()
         self._kill_reason = self._load_error = None
         self._loaded = False
+        self.unacknowledged = 0
         self._became_ready.clear()
         self._loop.add_reader(parent.fileno(), self._readable)
 
@@ -350,7 +352,7 @@ class ProcessDecoding:
     # ------------------------------------------------------------------ lines in
     def add(self, key: int, options: tuple, ids: list[int], prefix, line: int,
             express: bool = False) -> None:
-        if not self.held:
+        if not self.busy():
             self.last_news = self._loop.time()  # the watchdog counts from here
         self.held.add(key)
         if self.connection is None:  # no worker right now: fail it from the event loop
@@ -365,6 +367,7 @@ class ProcessDecoding:
         keys = [key for key in keys if key in self.held]
         self.held.difference_update(keys)
         if keys and self.connection is not None:
+            self.unacknowledged += 1  # the watchdog waits for the worker to confirm
             self._send(("cancel", keys))
 
     def _send(self, message: tuple) -> None:
@@ -423,10 +426,16 @@ class ProcessDecoding:
             self.held.difference_update(keys)
             if keys:
                 self.on_failed(keys, RuntimeError(message[2]))
+        elif kind == "cancelled":
+            self.unacknowledged = max(self.unacknowledged - 1, 0)
         elif kind == "load-failed":
             self._load_error = message[1]
 
     # ------------------------------------------------------------------ supervision
+    def busy(self) -> bool:
+        """The worker owes an answer: lines in flight, or a drop not yet confirmed."""
+        return bool(self.held) or self.unacknowledged > 0
+
     def stall_limit_s(self) -> float:
         """How long a worker holding lines may report nothing before it is killed."""
         return self.limits.worker_stall_s + self.slowest_step_s
@@ -437,7 +446,7 @@ class ProcessDecoding:
         while True:
             await asyncio.sleep(0.1)
             now = self._loop.time()
-            if self.state == "ready" and self.held and \
+            if self.state == "ready" and self.busy() and \
                     now - self.last_news > self.stall_limit_s():
                 self._kill(f"it was stalled: no decoding step for {now - self.last_news:.1f} s "
                            f"with {len(self.held)} lines in flight", cause="stalled")
@@ -575,6 +584,7 @@ def _decode_lines(connection, lines: LineDecoding) -> None:
                 return
             if message[0] == "cancel":
                 lines.cancel(set(message[1]))
+                connection.send(("cancelled",))
             else:
                 lines.add(*message[1:])
             continue  # take every message already sent before the next step

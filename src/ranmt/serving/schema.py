@@ -118,8 +118,8 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
         attention=(StrictBool, Field(False, description="return attention weights")),
         timeout_s=_timeout_field(max_timeout_s),
         prefix=(list[line] | None, Field(None, max_length=max_lines, description=(
-            "per line the text its translation starts with (\"\": none); as many as "
-            "'text'"))),
+            "per line the text its translation starts with (\"\": none); as many lines as "
+            "'text' (else 400: JSON Schema cannot say that two arrays are as long)"))),
         alignment=(StrictBool, Field(False, description="return word alignments")),
         sampling=(Literal["topk", "topp", "eps"] | None, Field(None, description=(
             "sample nbest translations per line instead of beam search: topk (the k most "
@@ -153,19 +153,24 @@ def _decode_field(name: str, annotation: Any, *, le: float | None = None,
 
 def _timeout_field(max_timeout_s: float):
     return (StrictFloat | None, Field(
-        None, gt=0, le=max_timeout_s, description="give up (504) if the batch has not "
-                                                  "started by then; default and most: the "
-                                                  "server's --request-timeout"))
+        None, gt=0, le=max_timeout_s, description="seconds after arrival when the request "
+                                                  "is answered 504 if it is not done (its "
+                                                  "lines are dropped, decoding or not); "
+                                                  "default and most: the server's "
+                                                  "--request-timeout"))
 
 
 def score_request_model(max_lines: int, max_chars: int, max_timeout_s: float
                         ) -> type[BaseModel]:
     """The ``POST /score`` body for these limits: ``source`` and ``target`` lines, paired."""
     line = Annotated[StrictStr, Field(max_length=max_chars)]
-    lines = (list[line], Field(min_length=1, max_length=max_lines))
     return create_model(
         "ScoreRequest", __base__=_ScoreBase,
-        source=lines, target=lines,
+        source=(list[line], Field(min_length=1, max_length=max_lines,
+                                  description="source lines")),
+        target=(list[line], Field(min_length=1, max_length=max_lines, description=(
+            "one target per source line, paired in order: as many lines as 'source' (else "
+            "400: JSON Schema cannot say that two arrays are as long)"))),
         model=(StrictStr | None, Field(None, description="a name from GET /models")),
         timeout_s=_timeout_field(max_timeout_s))
 

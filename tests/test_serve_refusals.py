@@ -127,7 +127,8 @@ def test_a_request_that_cannot_fit_is_refused_before_it_is_tokenized(translators
     monkeypatch.setattr(served_app, "_source_ids", counting)
     limits = ServeLimits(batch_window_ms=1, max_queued_tokens=12, batching="batch")
     app = create_app({"m": translators["transf"]}, limits)
-    with TestClient(app) as client, ThreadPoolExecutor(2) as pool:
+    # three threads: the first two requests block theirs until the release
+    with TestClient(app) as client, ThreadPoolExecutor(3) as pool:
         batcher = app.state.served.batchers["m"]
         first = pool.submit(client.post, "/translate", json={"text": ["a b"]})
         assert started.wait(30)  # the first batch decodes (held); the queue is empty again
@@ -143,6 +144,7 @@ def test_a_request_that_cannot_fit_is_refused_before_it_is_tokenized(translators
         deadline = time.monotonic() + 30
         while len(tokenized) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(tokenized) == 3  # tokenized while the first batch still decodes
         release.set()
         assert [f.result().status_code for f in (first, second, fits)] == [200, 200, 200]
         assert len(tokenized) == 3

@@ -12,6 +12,13 @@ import torch
 from ranmt.config import load_config
 from ranmt.model import build_model
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in two worker processes (pytest-xdist, one per core): each
+    # computes on one thread, and so do the servers and scripts its tests start, instead of
+    # four threads fighting over two cores.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

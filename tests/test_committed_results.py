@@ -103,6 +103,7 @@ def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.mark.slow
 @pytest.mark.ci
+@pytest.mark.xdist_group("committed-tables")  # one worker builds the module's fixture
 @pytest.mark.parametrize("grid", GRIDS)
 def test_committed_tables_rebuild_byte_identical(grid, rebuilt):
     root, errors = rebuilt

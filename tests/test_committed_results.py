@@ -74,7 +74,7 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path]) -> None:
           "--tables-only", *(["--baseline", *baselines] if baselines else [])])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per process, however xdist orders the tests
 def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
     """Every grid rebuilt, two at a time in worker processes (the grids are independent;
     their paired bootstraps were most of the suite's time: 12.7 of 30 minutes on 2 cores),

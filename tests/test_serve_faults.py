@@ -267,3 +267,29 @@ def test_a_killed_server_leaves_no_worker(runs):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_deadline_drops_a_decoding_request_in_the_thread_worker(translators, monkeypatch):
+    """``--workers thread``: a request still decoding at its deadline gets 504 by then, and
+    its lines leave the decoder before its next step (not decoded to their end)."""
+    from ranmt.serving.worker import LineDecoding
+
+    step = LineDecoding.step
+    steps = []
+
+    def slow_step(self):
+        time.sleep(0.1)
+        steps.append(self.sentences())
+        return step(self)
+
+    monkeypatch.setattr(LineDecoding, "step", slow_step)
+    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="thread")
+    with TestClient(create_app({"transf": translators["transf"]}, limits)) as client:
+        engine = client.app.state.served.batchers["transf"].engine
+        late, seconds = _timed(lambda: client.post(
+            "/translate", json={"text": ["a b c d e f g h", "c d e"], "timeout_s": 0.5}))
+        assert late.status_code == 504 and "while decoding" in late.json()["error"]
+        assert 0.5 <= seconds < 0.5 + LATE_S
+        assert client.post("/translate", json={"text": ["d e"]}).status_code == 200
+        assert engine.lines.idle() and not engine.cancelled
+        assert steps[-1] == 1  # the last step decoded the new line alone

@@ -32,7 +32,7 @@ check: setup
 	$(VENV)/bin/ruff check .
 
 test: check
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow or ci"
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m "not slow or ci"
 
 test-all: check
 	$(VENV)/bin/python -m pytest -q

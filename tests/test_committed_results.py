@@ -74,7 +74,8 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path]) -> None:
           "--tables-only", *(["--baseline", *baselines] if baselines else [])])
 
 
-@pytest.fixture(scope="session")  # built once per process, however xdist orders the tests
+@pytest.fixture(scope="session")  # once per process (make test: --dist loadfile keeps
+# this file's tests in one worker)
 def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
     """Every grid rebuilt, two at a time in worker processes (the grids are independent;
     their paired bootstraps were most of the suite's time: 12.7 of 30 minutes on 2 cores),
@@ -103,7 +104,6 @@ def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.mark.slow
 @pytest.mark.ci
-@pytest.mark.xdist_group("committed-tables")  # one worker builds the module's fixture
 @pytest.mark.parametrize("grid", GRIDS)
 def test_committed_tables_rebuild_byte_identical(grid, rebuilt):
     root, errors = rebuilt

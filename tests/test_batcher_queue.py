@@ -225,7 +225,7 @@ def test_answered_requests_are_counted():
 
 
 def test_queue_gauges_and_decoding_errors_reach_the_metrics():
-    from ranmt.serving.app import ServeMetrics
+    from ranmt.serving.runner import ServeMetrics
 
     metrics = ServeMetrics()
 

@@ -51,7 +51,7 @@ class FakeClock:
 
 
 def _metrics():
-    from ranmt.serving.app import ServeMetrics
+    from ranmt.serving.runner import ServeMetrics
 
     metrics = ServeMetrics()
 

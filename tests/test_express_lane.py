@@ -15,8 +15,8 @@ from conftest import assert_same_hypotheses
 pytest.importorskip("fastapi")
 
 from ranmt.inference.translator import Translator  # noqa: E402
-from ranmt.serving.app import ServeLimits, Work, wait_for_job  # noqa: E402
-from ranmt.serving.batching import Job, StepBatcher  # noqa: E402
+from ranmt.serving.batching import Job, StepBatcher, Work, wait_for_job  # noqa: E402  # noqa: E402
+from ranmt.serving.limits import ServeLimits  # noqa: E402
 from ranmt.serving.worker import LineDecoding  # noqa: E402
 
 

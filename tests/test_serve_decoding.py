@@ -14,7 +14,8 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ranmt.serving.app import Batcher, ServeLimits, Work, create_app  # noqa: E402
+from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
+from ranmt.serving.batching import Batcher, Work  # noqa: E402
 
 LINES = ["a b c d", "e f", "g h i j k"]
 

@@ -50,8 +50,10 @@ def test_a_stalled_worker_misses_no_deadline_and_is_replaced(translators):
     the next request is translated as the Python API does. A request that waits on the
     stalled worker past the watchdog gets 500 naming the stall. The worker ignores SIGINT
     (a terminal's Ctrl-C reaches the whole process group)."""
+    # nice 0: at the default 19 a worker starved by other work on the machine (the other
+    # test worker) can go quiet for seconds without being hung
     limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
-                         worker_stall_s=1.0)
+                         worker_stall_s=2.0, worker_nice=0)
     expected = translators["transf"].translate(["d e f"])[0]
     with TestClient(create_app({"transf": translators["transf"]}, limits)) as client, \
             concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -98,7 +100,7 @@ def test_a_model_whose_checkpoint_returns_serves_again(runs, tmp_path):
     shutil.copytree(runs["transf"], folder)
     translator = Translator.load(folder, device="cpu")
     limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
-                         restart_backoff_max_s=1.0)
+                         restart_backoff_max_s=1.0, worker_nice=0)
     with TestClient(create_app({"T": translator}, limits)) as client:
         engine = client.app.state.served.batchers["T"].engine
         folder.rename(tmp_path / "moved")

@@ -17,13 +17,12 @@ from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from ranmt.inference.translator import Translator  # noqa: E402
-from ranmt.serving.app import (  # noqa: E402
+from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
+from ranmt.serving.batching import (  # noqa: E402
     Batcher,
     QueueFullError,
     RequestError,
-    ServeLimits,
     Work,
-    create_app,
     wait_for_job,
 )
 

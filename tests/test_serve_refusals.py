@@ -23,8 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from ranmt.data.vocab import Vocab, train_sentencepiece  # noqa: E402
 from ranmt.inference.translator import Translator, _encode_lines  # noqa: E402
-from ranmt.serving.app import QueueFullError, ServeLimits, create_app  # noqa: E402
-from ranmt.serving.batching import Batcher, Job, Work, fewest_tokens  # noqa: E402
+from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
+from ranmt.serving.batching import (  # noqa: E402
+    Batcher,
+    Job,
+    QueueFullError,  # noqa: E402
+    Work,
+    fewest_tokens,
+)
 
 WORDS = ["the", "dog", "runs", "über", "straße", "grün", "café", "Tokyo", "東京", "42",
          "snake_case", "naïve", "Ωmega", "ﬁsh"]

@@ -17,8 +17,12 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ranmt.inference.translator import Translator  # noqa: E402
-from ranmt.serving.app import ServeLimits, Work, create_app, wait_for_job  # noqa: E402
-from ranmt.serving.batching import StepBatcher  # noqa: E402
+from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
+from ranmt.serving.batching import (  # noqa: E402
+    StepBatcher,  # noqa: E402
+    Work,
+    wait_for_job,
+)
 
 BOUND_S = 30
 """The longest a test waits for a job (a mutant that never admits a line fails, not hangs)."""

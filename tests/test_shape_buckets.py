@@ -185,11 +185,15 @@ def test_compiling_with_buckets_allows_a_graph_per_shape(reverse_data, tmp_path,
     from test_train import _cfg
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(dynamo_config, name, 8)
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: compiled.append(kw) or model)
     buckets = list(range(6, 66, 4))  # 15 lengths (+ max_positions as the top bucket)
-    train(_cfg(**{"train.max_steps": 1, "train.compile": "true",
-                  "data.shape_buckets": str(buckets)}), reverse_data, tmp_path / "run")
-    assert compiled and compiled[0]["dynamic"] is False
-    assert getattr(dynamo_config, name) >= len(buckets) + 1
+    # torch's own patch: pytest's monkeypatch deletes a config entry when it undoes (torch
+    # 2.13), and every later torch.compile in the process then fails
+    before = getattr(dynamo_config, name)
+    with dynamo_config.patch(**{name: 8}):
+        train(_cfg(**{"train.max_steps": 1, "train.compile": "true",
+                      "data.shape_buckets": str(buckets)}), reverse_data, tmp_path / "run")
+        assert compiled and compiled[0]["dynamic"] is False
+        assert getattr(dynamo_config, name) >= len(buckets) + 1
+    assert getattr(dynamo_config, name) == before  # restored, not deleted

@@ -30,19 +30,21 @@ its deadline; each model's scheduling loop runs under a supervisor that answers 
 (and Ctrl-C) start a graceful shutdown: new requests get 503, those in flight have
 ``--drain-s`` seconds to finish, the rest get a clean 503, then the workers stop and the
 process exits 0. The server binds to 127.0.0.1 unless ``--host`` says otherwise.
+
+This module is the HTTP side (routes, middleware, request parsing, answers, ``serve``);
+what runs behind it (the models, their queues and supervised workers, draining, metrics)
+is :mod:`ranmt.serving.runner`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import hmac
 import logging
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +57,9 @@ from ranmt.analysis.maps import attention_maps
 from ranmt.inference.scoring import word_alignment
 from ranmt.inference.translator import InputTooLongError, Translator
 from ranmt.runtime.memory import freeze_startup_heap
-from ranmt.serving.batching import (
-    Batcher,
-    ModelUnavailableError,
-    QueueFullError,
-    StepBatcher,
-    UnavailableError,
-    Work,
-    fewest_tokens,
-    wait_for_job,
-)
+from ranmt.serving.batching import UnavailableError, Work
 from ranmt.serving.limits import ServeLimits
+from ranmt.serving.runner import ServedModels, ServeMetrics
 from ranmt.serving.schema import (
     ErrorResponse,
     RequestError,
@@ -113,68 +107,6 @@ def score_model(limits: ServeLimits):
     return _score_model(limits.max_lines, limits.max_chars, limits.request_timeout_s)
 
 
-# ------------------------------------------------------------------------------ batching
-
-
-class ServeMetrics:
-    """The Prometheus metrics of one app (its own registry, exported at ``GET /metrics``)."""
-
-    def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        self.requests = Counter("ranmt_requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=self.registry)
-        self.latency = Histogram("ranmt_request_seconds", "HTTP request latency",
-                                 ["endpoint"], registry=self.registry,
-                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-                                          10, 30, 60))
-        self.queue_requests = Gauge("ranmt_queue_requests", "requests waiting for a batch",
-                                    ["model"], registry=self.registry)
-        self.queue_tokens = Gauge("ranmt_queue_tokens", "source tokens waiting for a batch",
-                                  ["model"], registry=self.registry)
-        self.batch_sentences = Histogram("ranmt_batch_sentences", "sentences per decoded batch",
-                                         ["model"], registry=self.registry,
-                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        self.decoded_tokens = Counter("ranmt_decoded_tokens", "target tokens decoded (best "
-                                      "hypotheses, EOS included)", ["model"],
-                                      registry=self.registry)
-        self.errors = Counter("ranmt_errors", "errors by model and kind (decoding, timeout, "
-                              "overload, unavailable, disconnect, scheduler, shutdown)",
-                              ["model", "kind"], registry=self.registry)
-
-    def watch(self, served: _ServedModels) -> None:
-        """Export each model's readiness and its workers' replacements, read at scrape
-        time from ``served``."""
-        self.registry.register(_ModelStates(served))
-
-
-class _ModelStates:
-    """A Prometheus collector: ``ranmt_model_ready{model}`` (1 ready, 0 not: its worker is
-    loading, stalled, waiting to retry, or the server drains) and
-    ``ranmt_worker_replacements_total{model, cause}`` (exited, stalled, load-failed)."""
-
-    def __init__(self, served: _ServedModels):
-        self.served = served
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        ready = GaugeMetricFamily("ranmt_model_ready", "1 when the model can decode now",
-                                  labels=["model"])
-        replaced = CounterMetricFamily("ranmt_worker_replacements", "decoding workers "
-                                       "replaced, by cause", labels=["model", "cause"])
-        for name, batcher in self.served.batchers.items():
-            ready.add_metric([name], float(self.served.model_ready(name)))
-            for cause, count in getattr(getattr(batcher, "engine", None), "causes", {}).items():
-                replaced.add_metric([name, cause], count)
-        yield ready
-        yield replaced
-
-
 # ------------------------------------------------------------------------------ the app
 
 
@@ -194,174 +126,6 @@ def model_names(checkpoints: list[str]) -> dict[str, str]:
     return names
 
 
-class _ServedModels:
-    """The loaded models, each with its :class:`Batcher`, the one decoding thread they share,
-    and the metrics: what every endpoint of :func:`create_app` works with."""
-
-    def __init__(self, translators: dict[str, Translator], limits: ServeLimits):
-        self.translators = translators
-        self.limits = limits
-        self.default = next(iter(translators))
-        self.executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ranmt-decode")
-        self.batchers: dict[str, Batcher] = {}
-        self.workers: dict[str, asyncio.Task] = {}  # model -> its supervised scheduling loop
-        self.loop_failures: dict[str, int] = {}  # model -> scheduling loops that raised
-        self.metrics = ServeMetrics()
-        self.metrics.watch(self)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.draining = False
-
-    async def start(self) -> None:
-        """A batcher per model, one warm-up decoding each, then the batching workers."""
-        self.loop = loop = asyncio.get_running_loop()
-        for name, translator in self.translators.items():
-            kind = StepBatcher if self.limits.batching == "step" else Batcher
-            self.batchers[name] = kind(translator, self.limits, self.executor, self.metrics,
-                                       name)
-            # One decoding before serving: the first call's one-off costs (weight packing,
-            # allocator warm-up) are not paid by the first requests.
-            await loop.run_in_executor(self.executor, translator.warm_up)
-            if isinstance(self.batchers[name], StepBatcher):
-                await self.batchers[name].start()  # its decoding worker, when a process
-        for name, batcher in self.batchers.items():
-            self.loop_failures[name] = 0
-            self.workers[name] = asyncio.create_task(self._supervise(name, batcher))
-
-    async def _supervise(self, name: str, batcher: Batcher) -> None:
-        """Run ``batcher``'s scheduling loop for as long as the server runs: if it raises,
-        every job it held is answered 500 with the reason, and it starts again."""
-        while True:
-            try:
-                await batcher.run()
-            except Exception as err:  # noqa: BLE001 (a bug or a fault below: survive it)
-                self.loop_failures[name] += 1
-                self.metrics.errors.labels(name, "scheduler").inc()
-                logging.getLogger("ranmt.serving.app").exception(
-                    "the scheduling loop of model '%s' failed; restarting it", name)
-                batcher.fail_all(RuntimeError(
-                    f"the scheduling loop of model '{name}' failed ({type(err).__name__}: "
-                    f"{err}); it was restarted"))
-                await asyncio.sleep(0.05)
-
-    def stop(self) -> None:
-        """Answer what is left (503), stop the loops and the decoding workers."""
-        self._fail_all(self._shutting_down())
-        for worker in self.workers.values():
-            worker.cancel()
-        for batcher in self.batchers.values():
-            if isinstance(batcher, StepBatcher):
-                batcher.stop()
-        self.executor.shutdown(wait=True)
-
-    def _fail_all(self, err: Exception) -> int:
-        left = 0
-        for name, batcher in self.batchers.items():
-            count = batcher.fail_all(err)
-            left += count
-            if count:
-                self.metrics.errors.labels(name, "shutdown").inc(count)
-        return left
-
-    @staticmethod
-    def _shutting_down() -> UnavailableError:
-        return UnavailableError("the server is shutting down: this request was not "
-                               "finished within its drain period (--drain-s)", 5)
-
-    def model_ready(self, name: str) -> bool:
-        """Model ``name`` can decode now: its scheduling loop runs, its decoding worker (if
-        any) is ready, and the server is not shutting down."""
-        worker = self.workers.get(name)
-        return not self.draining and worker is not None and not worker.done() and \
-            self.batchers[name].status()["state"] == "ready"
-
-    def running(self) -> bool:
-        """Every model can decode now (:meth:`model_ready`)."""
-        return bool(self.workers) and all(self.model_ready(name) for name in self.batchers)
-
-    def states(self) -> dict[str, dict]:
-        """Per model: state, reason (None when ready), workers replaced, loops restarted."""
-        states = {}
-        for name, batcher in self.batchers.items():
-            status = dict(batcher.status())
-            if self.draining:
-                status.update(state="draining", reason="the server is shutting down")
-            status["scheduler_restarts"] = self.loop_failures.get(name, 0)
-            states[name] = status
-        return states
-
-    def in_flight(self) -> int:
-        return sum(batcher.in_flight for batcher in self.batchers.values())
-
-    def begin_drain(self, then: Callable[[], None]) -> None:
-        """Graceful shutdown (in the event loop): refuse new requests, give those in
-        flight ``limits.drain_s`` seconds, answer the rest 503, then ``then()`` (uvicorn's
-        exit). A second call (a second signal) calls ``then`` at once."""
-        if self.draining:
-            then()
-            return
-        self.draining = True
-        self._drain = asyncio.get_running_loop().create_task(self._drain_then(then))
-
-    async def _drain_then(self, then: Callable[[], None]) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.drain_s
-        while self.in_flight() and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        if self._fail_all(self._shutting_down()):
-            await asyncio.sleep(0.2)  # their handlers answer before uvicorn stops
-        then()
-
-    def pick(self, requested: str | None, lines: list[str]) -> tuple[str, Translator]:
-        """The model asked for; 404 if unknown, 503 at once if its queue has no room for
-        ``lines`` (the request's source lines, counted untokenized by a lower bound)."""
-        name = requested or self.default
-        if name not in self.translators:
-            raise RequestError(404, f"unknown model '{name}'; loaded: "
-                                    f"{sorted(self.translators)}")
-        if self.draining:
-            raise UnavailableError("the server is shutting down", 5)
-        try:
-            self.batchers[name].refuse_if_down()
-            self.batchers[name].refuse_if_full(fewest_tokens(lines))
-        except QueueFullError:
-            self.metrics.errors.labels(name, "overload").inc()
-            raise
-        except ModelUnavailableError:
-            self.metrics.errors.labels(name, "unavailable").inc()
-            raise
-        return name, self.translators[name]
-
-    async def run_job(self, request: Request, name: str, ids: list[list[int]], work: Work,
-                      extras: list | None, timeout_s: float | None):
-        """Queue one request's lines with its model and wait: its results, or the
-        response for a client that left (499) or a failed decoding (500)."""
-        batcher = self.batchers[name]
-        errors = self.metrics.errors
-        try:
-            job = batcher.submit(ids, work, timeout_s or self.limits.request_timeout_s, extras)
-        except QueueFullError:
-            errors.labels(name, "overload").inc()
-            raise
-        batcher.in_flight += 1
-        try:
-            results = await wait_for_job(batcher, job, request.is_disconnected)
-        except UnavailableError:
-            raise  # counted where it was raised (unavailable, shutdown)
-        except RequestError as err:
-            errors.labels(name, "timeout" if err.status == 504 else "request").inc()
-            raise
-        except Exception as err:  # noqa: BLE001 (decoding failed: this request only)
-            return JSONResponse({"error": f"decoding failed: {type(err).__name__}: {err}"},
-                                status_code=500)
-        finally:
-            batcher.in_flight -= 1
-        if results is None:  # the client left before its batch started: nothing decoded
-            errors.labels(name, "disconnect").inc()
-            return Response(status_code=499)
-        return results
-
-
 def create_app(translators: dict[str, Translator], limits: ServeLimits | None = None,
                api_key: str | None = None, freeze_heap: bool = False):
     """The FastAPI application serving ``translators`` (name -> loaded model); with
@@ -370,7 +134,7 @@ def create_app(translators: dict[str, Translator], limits: ServeLimits | None = 
     a test process that builds many apps had better not)."""
     if not translators:
         raise ValueError("serve needs at least one model")
-    served = _ServedModels(translators, limits or ServeLimits())
+    served = ServedModels(translators, limits or ServeLimits())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -490,7 +254,7 @@ def _allowed_methods(app: FastAPI) -> dict[str, set[str]]:
     return known
 
 
-def _add_status_endpoints(app: FastAPI, served: _ServedModels) -> None:
+def _add_status_endpoints(app: FastAPI, served: ServedModels) -> None:
     """``GET /health``, ``/ready``, ``/metrics`` and ``/models``."""
     translators, batchers, limits = served.translators, served.batchers, served.limits
 
@@ -556,7 +320,7 @@ _REFUSALS = {
 """The refusals ``/translate`` and ``/score`` document in the OpenAPI schema."""
 
 
-def _add_work_endpoints(app: FastAPI, served: _ServedModels) -> None:
+def _add_work_endpoints(app: FastAPI, served: ServedModels) -> None:
     """``POST /translate`` and ``POST /score``: parsed, queued with their model, answered."""
     limits = served.limits
 
@@ -768,9 +532,9 @@ def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
     _run_until_signalled(server, app.state.served)
 
 
-def _run_until_signalled(server, served: _ServedModels) -> None:
+def _run_until_signalled(server, served: ServedModels) -> None:
     """Run a uvicorn server in a thread until SIGTERM / SIGINT in the main thread: the first
-    starts the graceful shutdown in the event loop (:meth:`_ServedModels.begin_drain`: new
+    starts the graceful shutdown in the event loop (:meth:`ServedModels.begin_drain`: new
     requests 503, those in flight finish within ``--drain-s`` or get 503), which then asks
     uvicorn to stop (``should_exit``: stop accepting, finish writing answers); a second
     signal stops at once. Then return (exit 0). uvicorn captures signals only in the main

@@ -139,7 +139,7 @@ def timeout_error(started: bool = False) -> RequestError:
 class Batcher:
     """One model's bounded queue and worker (see the module docstring). ``limits`` is a
     :class:`ranmt.serving.limits.ServeLimits`; ``metrics`` a
-    :class:`ranmt.serving.app.ServeMetrics`."""
+    :class:`ranmt.serving.runner.ServeMetrics`."""
 
     def __init__(self, translator, limits, executor: concurrent.futures.Executor,
                  metrics=None, name: str = "model"):

@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ranmt.serving.launcher import launch_server
+from ranmt.serving.launcher import decoding_workers, launch_server, running
 
 
 def _call(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict | str]:
@@ -62,35 +62,6 @@ def _timed(call, start: float):
     return {"status": status, "seconds": round(time.monotonic() - start, 3), "error": error}
 
 
-def _workers(server_pid: int) -> list[int]:
-    """The decoding workers below ``server_pid``: children of its forkserver (/proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().split(") ", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-    below = {server_pid}
-    changed = True
-    while changed:
-        changed = False
-        for pid, parent in parents.items():
-            if parent in below and pid not in below:
-                below.add(pid)
-                changed = True
-    workers = []
-    for pid in below - {server_pid}:
-        try:
-            parent_cmd = Path(f"/proc/{parents[pid]}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"forkserver" in parent_cmd:
-            workers.append(pid)
-    return workers
-
-
 def _until(condition, limit: float = 120.0, step: float = 0.02) -> float:
     start = time.monotonic()
     while not condition():
@@ -114,7 +85,7 @@ def _serve(run: Path, extra: list[str], log: Path):
 def scenario_kill(run: Path, lines: list[str], log: Path) -> dict:
     process, url = _serve(run, [], log)
     try:
-        worker = _workers(process.pid)[0]
+        worker = decoding_workers(process.pid)[0]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             start = time.monotonic()
             answers = [pool.submit(_timed, lambda i=i: _call(f"{url}/translate", {
@@ -135,7 +106,7 @@ def scenario_kill(run: Path, lines: list[str], log: Path) -> dict:
 def scenario_stall(run: Path, lines: list[str], log: Path, stall_s: float) -> dict:
     process, url = _serve(run, ["--worker-stall-s", str(stall_s)], log)
     try:
-        worker = _workers(process.pid)[0]
+        worker = decoding_workers(process.pid)[0]
         os.kill(worker, signal.SIGSTOP)
         start = time.monotonic()
         flips = {}
@@ -159,7 +130,7 @@ def scenario_checkpoint(run: Path, lines: list[str], log: Path, backoff_max: flo
     process, url = _serve(run, ["--restart-backoff-max", str(backoff_max)], log)
     moved = run.with_name(run.name + ".moved")
     try:
-        worker = _workers(process.pid)[0]
+        worker = decoding_workers(process.pid)[0]
         run.rename(moved)
         os.kill(worker, signal.SIGKILL)
         time.sleep(3)
@@ -189,7 +160,7 @@ def scenario_checkpoint(run: Path, lines: list[str], log: Path, backoff_max: flo
 def scenario_sigterm(run: Path, lines: list[str], log: Path, drain_s: float) -> dict:
     process, url = _serve(run, ["--drain-s", str(drain_s)], log)
     try:
-        workers = _workers(process.pid)
+        workers = decoding_workers(process.pid)
         with concurrent.futures.ThreadPoolExecutor(5) as pool:
             start = time.monotonic()
             answers = [pool.submit(_timed, lambda i=i: _call(f"{url}/translate", {
@@ -204,7 +175,7 @@ def scenario_sigterm(run: Path, lines: list[str], log: Path, drain_s: float) -> 
         exited = round(time.monotonic() - term, 3)
         text = log.read_text(errors="replace")
         time.sleep(1)
-        left = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        left = [pid for pid in workers if running(pid)]
         return {"drain_s": drain_s, "sigterm_at_s": round(term - start, 3), "answers": results,
                 "request_after_sigterm": late, "exit_code": process.returncode,
                 "exited_after_sigterm_s": exited, "traceback_in_log": "Traceback" in text,

@@ -23,6 +23,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from ranmt.inference.translator import Translator  # noqa: E402
 from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
+from ranmt.serving.launcher import (  # noqa: E402
+    decoding_workers,
+    processes_below,
+    running,
+)
 
 LATE_S = 1.0
 """How far past its deadline a request may be answered (the issue's bound)."""
@@ -78,15 +83,7 @@ def test_a_stalled_worker_misses_no_deadline_and_is_replaced(translators):
         assert client.post("/translate", json={"text": ["d e f"]}).json()[
             "translations"][0]["text"] == expected
         assert recovery < limits.worker_stall_s + 10
-        _until(lambda: not _alive_or_gone(first), 10)  # reaped, not left a zombie
-
-
-def _alive_or_gone(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
+        _until(lambda: not running(first), 10)  # reaped, not left a zombie
 
 
 def test_a_model_whose_checkpoint_returns_serves_again(runs, tmp_path):
@@ -175,24 +172,6 @@ def test_draining_answers_what_is_left_with_503(translators):
             os.kill(engine.process.pid, signal.SIGCONT)
 
 
-def _descendants(pid: int) -> set[int]:
-    """The processes below ``pid`` (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().split(") ", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def _post(url: str, body: bytes, timeout: float = 30):
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
@@ -214,8 +193,8 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
                                  wait_s=60, errors_to=tmp_path / "serve.log")
     try:
         _until(lambda: _ready(url), 60)
-        below = _descendants(process.pid)
-        workers = [pid for pid in below if _parent_is_forkserver(pid)]
+        below = processes_below(process.pid)
+        workers = decoding_workers(process.pid)
         assert workers, below
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
@@ -231,19 +210,10 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
         assert process.wait(timeout=30) == 0
         errors = (tmp_path / "serve.log").read_text()
         assert "Traceback" not in errors, errors
-        _until(lambda: not any(_alive_or_gone(pid) for pid in below), 10)
+        _until(lambda: not any(running(pid) for pid in below), 10)
     finally:
         if process.poll() is None:
             process.kill()
-
-
-def _parent_is_forkserver(pid: int) -> bool:
-    """A decoding worker: forked by the server's forkserver process."""
-    try:
-        parent = int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
-        return b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes()
-    except (OSError, IndexError, ValueError):
-        return False
 
 
 def _ready(url: str) -> bool:
@@ -261,11 +231,11 @@ def test_a_killed_server_leaves_no_worker(runs):
     process, url = launch_server(["--checkpoint", f"T={runs['transf']}"], wait_s=60)
     try:
         _until(lambda: _ready(url), 60)
-        below = _descendants(process.pid)
+        below = processes_below(process.pid)
         assert below
         process.kill()
         process.wait(timeout=10)
-        _until(lambda: not any(_alive_or_gone(pid) for pid in below), 15)
+        _until(lambda: not any(running(pid) for pid in below), 15)
     finally:
         if process.poll() is None:
             process.kill()

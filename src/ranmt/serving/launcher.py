@@ -46,3 +46,51 @@ def launch_server(args: list[str], wait_s: float = 20.0, env: dict | None = None
         tail = errors.read().decode("utf-8", "replace")[-2000:]
     raise RuntimeError(f"`ranmt serve {' '.join(args)}` did not answer /health within "
                        f"{wait_s:.0f} s (exit status {process.returncode}):\n{tail}")
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def processes_below(pid: int) -> set[int]:
+    """The processes descended from ``pid`` (Linux, through /proc; empty elsewhere)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return set()
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            parent = _parent_of(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def decoding_workers(server_pid: int) -> list[int]:
+    """The decoding worker processes of a ``ranmt serve`` (``--workers process``): the
+    children of its forkserver (Linux), for tests and benchmarks that stop or kill them."""
+    workers = []
+    for pid in processes_below(server_pid):
+        parent = _parent_of(pid)
+        try:
+            if parent is not None and b"forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes():
+                workers.append(pid)
+        except OSError:
+            continue
+    return sorted(workers)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (one that exited and was not reaped, a zombie, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -188,7 +188,7 @@ class ThreadDecoding:
     """Step-level decoding in the server's decoding thread (``executor``). Lines dropped
     while a step runs there are dropped before the next step, in that thread."""
 
-    state = "ready"
+    state = "ready"  # always: it decodes in the server's own thread
     reason: str | None = None
     restarts = 0
     ready = True

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from conftest import random_batch, tiny_model
-from ranmt.attention import REGISTRY
+from ranmt.attention.registry import names_for
 from ranmt.config import load_config
 from ranmt.runtime import precision as precision_module
 from ranmt.runtime.precision import (
@@ -60,10 +60,12 @@ def test_legacy_auto_was_fp32_on_a_cpu():
 
 def _variants() -> list[dict]:
     """Every attention of the registry in each place it can take."""
-    self_names = ["dot", "ran", "gaussian", "synthesizer"]
-    cross_names = sorted(name for name in REGISTRY if name not in ("ran", "synthesizer"))
+    both_names = set(names_for("encoder_self")) & set(names_for("decoder_self"))
+    cross_names = sorted(names_for("cross"))
     variants = [{"model.encoder.self_attention": name, "model.decoder.self_attention": name}
-                for name in self_names]
+                for name in sorted(both_names)]
+    variants += [{"model.decoder.self_attention": name} for name in names_for("decoder_self")
+                 if name not in both_names]
     variants += [{"model.decoder.cross_attention": name} for name in cross_names]
     return variants
 
@@ -162,10 +164,9 @@ def test_a_run_resumes_in_the_precision_it_started_in(reverse_data, tmp_path, mo
 
 # ------------------------------------------------------------------------------ decoding
 
-DECODERS = ([{"model.decoder.self_attention": name} for name in
-             ("dot", "ran", "gaussian", "synthesizer")]
-            + [{"model.decoder.cross_attention": name} for name in sorted(REGISTRY)
-               if name not in ("ran", "synthesizer", "dot")])
+DECODERS = ([{"model.decoder.self_attention": name} for name in names_for("decoder_self")]
+            + [{"model.decoder.cross_attention": name} for name in names_for("cross")
+               if name != "dot"])
 
 
 @pytest.mark.parametrize("overrides", DECODERS, ids=lambda o: "-".join(o.values()))

@@ -118,7 +118,7 @@ def test_python_dash_m_entry_point():
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-e", "ran-d", "ran-all", "syn-r", "hc-sa",
-                                  "hc-all", "sh-x"])
+                                  "hc-all", "sh-x", "aan-d", "ssru-d"])
 def test_save_load_translate_is_identical(arch, reverse_data, tmp_path):
     """The checkpoint alone rebuilds the model: same translations before and after loading."""
     import torch

@@ -63,7 +63,8 @@ def test_joining_lines_get_their_decoding_alone(self_attention, cross):
         assert decoder.idle() and decoder.cache is None
 
 
-@pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r"])
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r",
+                                  "aan-d", "ssru-d"])
 def test_joining_with_early_eos_prefixes_and_fairseq_penalty(arch):
     """Hypotheses ending at many different steps (EOS likelier), forced prefixes on some
     lines of each wave, a line joining every step."""

@@ -37,7 +37,8 @@ from ranmt.training.train import train
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r", "hc-sa", "hc-all", "sh-x"]
+ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r", "hc-sa", "hc-all", "sh-x", "aan-d",
+         "ssru-d"]
 CROSS = ["concat-prev-context", "expand-kv", "coverage-subtract"]
 
 TRAIN = {"model.preset": "tiny", "model.dropout": "0.0", "train.lr": "0.003",

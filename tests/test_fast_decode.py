@@ -1,7 +1,8 @@
 """The fast decoder (static caches, tensorised beam bookkeeping) against the reference one.
 
-For every decoder-side attention of the registry (self-attention: dot, ran, gaussian,
-synthesizer; cross-attention: dot, gaussian and every recurrent cross-attention), greedy and
+For every decoder-side attention of the registry (each registered decoder self-attention:
+dot, ran, gaussian, synthesizer, aan, ssru, ...; each cross-attention: dot, gaussian and every
+recurrent cross-attention), greedy and
 beam search must give token-identical n-best lists with scores within 1e-5; fixed-length
 mode must give exactly L tokens per hypothesis.
 """
@@ -14,9 +15,10 @@ import pytest
 import torch
 
 from conftest import assert_same_hypotheses, random_batch, tiny_model
-from ranmt.attention import REGISTRY, reorder_cache
+from ranmt.attention import reorder_cache
 from ranmt.attention.base import cache_append
 from ranmt.attention.cache import AttentionCache
+from ranmt.attention.registry import names_for
 from ranmt.inference.decode import (
     Finished,
     beam_search,
@@ -32,9 +34,8 @@ from ranmt.inference.decode import (
 )
 from ranmt.model import EOS_ID
 
-SELF = ["dot", "ran", "gaussian", "synthesizer"]
-CROSS = ["dot", "gaussian"] + sorted(name for name in REGISTRY
-                                     if name not in ("dot", "ran", "gaussian", "synthesizer"))
+SELF = names_for("decoder_self")
+CROSS = ["dot"] + sorted(name for name in names_for("cross") if name != "dot")
 DECODERS = [(name, "dot") for name in SELF] + [("dot", name) for name in CROSS[1:]]
 BEAM_SEARCHES = {"fast": beam_search, "reference": beam_search_reference,
                  "sync_free": beam_search_sync_free}

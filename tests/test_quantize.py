@@ -12,7 +12,8 @@ from conftest import random_batch, tiny_model
 from ranmt.inference.decode import search
 from ranmt.inference.quantize import is_quantized, quantize_model
 
-ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "hc-sa", "hc-all", "sh-x", "syn-r"]
+ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "hc-sa", "hc-all", "sh-x", "syn-r", "aan-d",
+         "ssru-d"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -30,7 +30,8 @@ def test_sync_free_equals_shrinking_search(self_attention, cross):
                                    search(model, src, sync_free=False, **args))
 
 
-@pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r"])
+@pytest.mark.parametrize("arch", ["transf", "ran-all", "ran-d", "hc-all", "sh-x", "syn-r",
+                                  "aan-d", "ssru-d"])
 @pytest.mark.parametrize("check_every", [1, 3, 8])
 def test_sync_free_with_early_eos_and_any_check_interval(arch, check_every):
     """Hypotheses that finish at many different steps (EOS made likelier) and sentences that

@@ -91,7 +91,8 @@ def _variant_defaults() -> dict[str, Any]:
 @dataclass
 class ModelConfig:
     preset: str = "base"
-    """Size preset applied before other values: tiny | small | base."""
+    """Size preset applied before other values: tiny (tests) | small | base | big | student
+    (6 encoder / 2 decoder layers, d 256, FFN 1536: the deployed distilled student)."""
     arch: str = "transf"
     """Attention architecture preset (sets encoder/decoder attention names): transf, ..."""
     d_model: int = 512
@@ -349,8 +350,15 @@ def _preset_big(m: ModelConfig) -> None:
     m.encoder.layers = m.decoder.layers = 6
 
 
+def _preset_student(m: ModelConfig) -> None:
+    """The deployed CPU student (Bergamot's "tiny": 6 encoder and 2 decoder layers, d 256,
+    FFN 1536, 8 heads; a shared vocabulary when the data has one, as by default)."""
+    m.d_model, m.heads, m.ffn_dim = 256, 8, 1536
+    m.encoder.layers, m.decoder.layers = 6, 2
+
+
 MODEL_PRESETS = {"tiny": _preset_tiny, "small": _preset_small, "base": _preset_base,
-                 "big": _preset_big}
+                 "big": _preset_big, "student": _preset_student}
 
 
 def arch_presets() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from conftest import random_batch, tiny_model
 from ranmt.model import count_parameters
 
 ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "syn-r", "hc-sa", "hc-all", "sh-x", "transf-sa",
-         "hc-sa-ff"]
+         "hc-sa-ff", "aan-d", "ssru-d"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

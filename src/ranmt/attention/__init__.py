@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 # Importing the variant modules registers them; the order is the order of the option
-# sections in a saved config (model.ran, .hardcoded, .recurrent_cross, .synthesizer).
+# sections in a saved config (model.ran, .hardcoded, .recurrent_cross, .synthesizer, .aan).
 # isort: off
 from ranmt.attention import dot_product, ran, gaussian, recurrent_cross, synthesizer  # noqa: F401
+from ranmt.attention import average, ssru  # noqa: F401
 # isort: on
 from ranmt.attention.base import Attention, AttentionSpec, AttnOutput, reorder_cache
 from ranmt.attention.registry import REGISTRY, ROLES, check_name

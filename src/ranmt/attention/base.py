@@ -75,6 +75,9 @@ class AttentionSpec:
     """Stack-wide module shared by all layers of one stack (from ``build_shared``)."""
     options: dict = field(default_factory=dict)
     """Variant option sections of the model config (e.g. ``options["ran"]``)."""
+    ffn_dim: int = 0
+    """The model's feed-forward inner size (variants with a feed-forward layer of their own,
+    AAN, default to it); 0 when unknown."""
 
 
 class Attention(nn.Module):

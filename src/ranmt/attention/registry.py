@@ -103,6 +103,11 @@ def check_name(name: str, role: str) -> type:
     return cls
 
 
+def names_for(role: str) -> list[str]:
+    """The registered variant names that may fill ``role``, in registration order."""
+    return [name for name, cls in REGISTRY.items() if role in getattr(cls, "roles", ROLES)]
+
+
 def check_dropout(value: float, name: str = "attention_dropout") -> None:
     """For options' ``validate``: a dropout probability is in [0, 1)."""
     if not 0.0 <= value < 1.0:

@@ -260,7 +260,7 @@ def build_model(cfg: ModelConfig) -> Seq2Seq:
         return AttentionSpec(d_model=d, heads=heads or cfg.heads,
                              dropout=attention_dropout(role), max_positions=cfg.max_positions,
                              role=role, layer_index=index, num_layers=layers, shared=shared,
-                             options=options)
+                             options=options, ffn_dim=cfg.ffn_dim)
 
     def attention_stack(name: str, role: str, layers: int, present, heads: int = 0) -> list:
         """One attention module per layer (None where the layer has none)."""

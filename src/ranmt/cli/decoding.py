@@ -214,9 +214,42 @@ def _cmd_evaluate(args) -> None:
         print_scores(result, metrics, f"{args.split} ")
 
 
+def _args_distill(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt distill``."""
+    decode_options(p)
+    p.add_argument("--data", required=True, help="prepared-data directory of the corpus")
+    p.add_argument("--split", default="train", help="split to distill (default train)")
+    p.add_argument("--out", required=True,
+                   help="output folder: parts/ while running (a rerun resumes), then "
+                        "SPLIT.SRC / SPLIT.TGT, the other splits and distill.json")
+    p.add_argument("--chunk-lines", type=int, default=2000, metavar="N",
+                   help="lines translated and written at a time (default 2000)")
+    p.add_argument("--max-ratio", type=float, default=3.0, metavar="R",
+                   help="drop pairs whose longer side has more than R times the words of the "
+                        "shorter (default 3; 0 keeps them)")
+    p.add_argument("--max-repeats", type=int, default=4, metavar="K",
+                   help="drop translations where a word n-gram (n <= 4) occurs K times in a "
+                        "row (default 4; 0 keeps them)")
+    p.add_argument("--keep-empty", action="store_true", help="keep empty translations")
+
+
+def _cmd_distill(args) -> None:
+    from ranmt.cli.common import info, show_progress
+    from ranmt.inference.distill import DistillFilter, distill
+
+    if args.max_ratio < 0 or args.max_repeats < 0:
+        raise ValueError("--max-ratio and --max-repeats must be >= 0 (0: no such filter)")
+    translator = load_translator(args)
+    distill(translator, args.data, args.out, args.split, args.chunk_lines,
+            DistillFilter(args.max_ratio, args.max_repeats, not args.keep_empty), log=info,
+            progress=show_progress(args))
+
+
 TRANSLATE = Command("translate", "translate raw text (stdin or --input)",
                     _args_translate, _cmd_translate)
 SCORE = Command("score", "score hypotheses with sacreBLEU (+ paired bootstrap)",
                 _args_score, _cmd_score)
 EVALUATE = Command("evaluate", "translate a prepared split and score it",
                    _args_evaluate, _cmd_evaluate, {"nbest": None})
+DISTILL = Command("distill", "translate a prepared corpus with a teacher: a student's "
+                  "training data (resumable)", _args_distill, _cmd_distill, {"nbest": None})

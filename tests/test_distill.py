@@ -1,0 +1,97 @@
+"""``ranmt distill``: a teacher's translations of a prepared split as a student's corpus —
+resumable after a kill without losing or repeating a line, filtered with counts, and
+encoded by ``ranmt prepare`` with the teacher's SentencePiece models."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ranmt.cli import main
+from ranmt.data.corpus import load_meta, raw_text
+from ranmt.inference.distill import DistillFilter, distill, repeated_ngram
+from ranmt.inference.translator import Translator
+
+
+def _repeated(text: str, times: int) -> bool:
+    return repeated_ngram(text.split(" "), times)
+
+
+def test_repeated_ngrams_are_counted_in_a_row():
+    assert _repeated("a a a a", 4)
+    assert not _repeated("a a a b a", 4)
+    assert _repeated("x a b a b a b y", 3)  # the bigram "a b" three times
+    assert not _repeated("a b c a b c", 3)
+    assert _repeated("p q r s p q r s p q r s", 3)  # a 4-gram
+
+
+def test_the_filter_names_its_reason():
+    keep = DistillFilter(max_ratio=2.0, max_repeats=3)
+    assert keep.reason("one two three", "") == "empty"
+    assert keep.reason("one two", "a b c d e") == "ratio"
+    assert keep.reason("one two three four five", "a") == "ratio"
+    assert keep.reason("one two three four", "la la la x") == "repetition"
+    assert keep.reason("one two three", "eins zwei drei") is None
+    off = DistillFilter(max_ratio=0, max_repeats=0, drop_empty=False)
+    assert off.reason("one", "") is None and off.reason("a", "b b b b b b b") is None
+
+
+def test_distilled_corpus_is_the_teachers_translations_and_prepares(reverse_run, reverse_data,
+                                                                    tmp_path):
+    teacher = Translator.load(reverse_run, device="cpu", beam=2)
+    out = tmp_path / "distilled"
+    report = distill(teacher, reverse_data, out, split="test", chunk_lines=64)
+    sources = raw_text(reverse_data, "test", "src")
+    assert report["lines"] == len(sources) == 200
+    kept = (out / "test.src").read_text().splitlines()
+    targets = (out / "test.tgt").read_text().splitlines()
+    assert len(kept) == len(targets) == report["kept"] == 200 - sum(report["dropped"].values())
+    translations = dict(zip(sources, teacher.translate(sources)))
+    assert all(translations[source] == target for source, target in zip(kept, targets))
+    assert (out / "valid.tgt").read_text().splitlines() == raw_text(reverse_data, "valid", "tgt")
+    # the report's command encodes the corpus with the teacher's vocabularies
+    main(shlex.split(report["prepare_command"])[1:] + ["--quiet"])
+    prepared = load_meta(out / "prepared")
+    assert prepared["src_vocab_size"] == load_meta(reverse_data)["src_vocab_size"]
+    assert (out / "prepared" / "spm.src.model").read_bytes() == \
+        (reverse_data / "spm.src.model").read_bytes()
+    # resuming with another teacher setting refuses instead of mixing outputs
+    with pytest.raises(ValueError, match="other settings"):
+        distill(Translator.load(reverse_run, device="cpu", beam=3), reverse_data, out,
+                split="test", chunk_lines=64)
+
+
+def _distill_command(run: Path, data: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "ranmt", "distill", "--checkpoint", str(run), "--data",
+            str(data), "--split", "valid", "--out", str(out), "--chunk-lines", "16",
+            "--device", "cpu", "--beam", "2"]
+
+
+def test_distill_killed_mid_run_resumes_without_losing_or_repeating_lines(
+        reverse_run, reverse_data, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(_distill_command(reverse_run, reverse_data, whole), check=True,
+                   capture_output=True, timeout=300)
+    proc = subprocess.Popen(_distill_command(reverse_run, reverse_data, killed),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "parts" / "00002.tgt").exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "valid.tgt").exists()  # stopped before the end
+    resumed = subprocess.run(_distill_command(reverse_run, reverse_data, killed), check=True,
+                             capture_output=True, text=True, timeout=300)
+    assert "resuming: " in resumed.stderr
+    for name in ("valid.src", "valid.tgt"):
+        assert (killed / name).read_bytes() == (whole / name).read_bytes()
+    report = json.loads((killed / "distill.json").read_text())
+    assert report["lines"] == 200 and report["this_run"]["chunks"] < 13

@@ -8,13 +8,14 @@
 #   4. one sentence translated by both;
 #   5. `ranmt serve` on both, the attention explorer at http://127.0.0.1:$PORT/ (Ctrl-C stops).
 # Variables: BUDGET (train.max_time per model: 4m, 90s, 1h; default 3m), DEMO (output folder, default demo), PORT (8080),
-# SERVE=0 to stop after step 4.
+# SERVE=0 to stop after step 4; EVAL_FLAGS: extra decoding flags of step 3 (e.g. "--beam 1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${BUDGET:-3m}"
 DEMO="${DEMO:-demo}"
 PORT="${PORT:-8080}"
 SERVE="${SERVE:-1}"
+EVAL_FLAGS="${EVAL_FLAGS:-}"
 BIN="${BIN:-.venv/bin}"
 RANMT="$BIN/ranmt"
 DATA="$DEMO/data"
@@ -39,7 +40,7 @@ done
 echo "== 3/5 test_2016_flickr: BLEU, chrF, TER and paired bootstrap (RAN-ALL against TransF)"
 for arch in transf ran-all; do
     "$RANMT" evaluate --checkpoint "$DEMO/$arch" --data "$DATA" --split test_2016_flickr \
-        --output "$DEMO/$arch.test_2016_flickr.hyp" --quiet
+        --output "$DEMO/$arch.test_2016_flickr.hyp" --quiet $EVAL_FLAGS
 done
 "$RANMT" score --ref "$DATA/test_2016_flickr.tgt.txt" \
     --hyp "$DEMO/transf.test_2016_flickr.hyp" --hyp "$DEMO/ran-all.test_2016_flickr.hyp" \

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from ranmt.config import load_config
 from ranmt.model import build_model
@@ -144,36 +147,60 @@ def multi30k_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def reverse_data(tmp_path_factory) -> Path:
-    """A prepared reverse-the-string corpus: 6000 train, 200 valid, 200 held-out test pairs."""
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder ``build(folder)`` fills once per test session. Under pytest-xdist the
+    workers share it: the first to ask builds it under a file lock while the others wait,
+    then read it (the fixtures built this way are only read by the tests)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    folder = tmp_path_factory.getbasetemp().parent / f"built-once-{name}"
+    with FileLock(f"{folder}.lock"):
+        if not (folder / ".complete").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
+def _prepare_reverse(root: Path) -> None:
     from ranmt.data.corpus import prepare
 
-    root = tmp_path_factory.mktemp("reverse")
     for name, count, seed in (("train", 6000, 0), ("valid", 200, 1), ("test", 200, 2)):
         src, tgt = reverse_task(count, seed)
         write_parallel(root / name, src, tgt)
     prepare("src", "tgt", str(root / "train"), str(root / "valid"), root / "data",
             tests={"test": str(root / "test")}, vocab_size=40, max_positions=64,
             log=lambda _msg: None)
-    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def reverse_data(tmp_path_factory) -> Path:
+    """A prepared reverse-the-string corpus: 6000 train, 200 valid, 200 held-out test pairs
+    (prepared once per session, shared by the xdist workers)."""
+    return built_once(tmp_path_factory, "reverse", _prepare_reverse) / "data"
 
 
 @pytest.fixture(scope="session")
 def reverse_run(reverse_data, tmp_path_factory) -> Path:
     """The tiny model trained 600 steps on the reverse task (about 25 s on 2 cores; test
-    BLEU 99.8 with beam 4 on an AMD EPYC Zen 4): a trained checkpoint for the tests."""
+    BLEU 99.8 with beam 4 on an AMD EPYC Zen 4): a trained checkpoint for the tests, trained
+    once per session (the xdist workers share it: 45-59 s each on Zen 3 under xdist)."""
     from ranmt.training.train import train
 
-    run = tmp_path_factory.mktemp("reverse_run") / "run"
-    cfg = load_config(None, {
-        "model.preset": "tiny", "model.dropout": "0.0", "train.lr": "0.003",
-        "train.warmup_steps": "150", "train.max_time": "0", "train.max_steps": "600",
-        "train.validate_every": "500", "train.valid_max_sentences": "100",
-        "train.progress": "false", "train.tensorboard": "false", "data.max_tokens": "1500"})
-    summary = train(cfg, reverse_data, run)
-    assert summary["steps"] == 600
-    return run
+    def build(root: Path) -> None:
+        cfg = load_config(None, {
+            "model.preset": "tiny", "model.dropout": "0.0", "train.lr": "0.003",
+            "train.warmup_steps": "150", "train.max_time": "0", "train.max_steps": "600",
+            "train.validate_every": "500", "train.valid_max_sentences": "100",
+            "train.progress": "false", "train.tensorboard": "false",
+            "data.max_tokens": "1500"})
+        summary = train(cfg, reverse_data, root / "run")
+        assert summary["steps"] == 600
+
+    return built_once(tmp_path_factory, "reverse_run", build) / "run"
 
 
 # ---------------------------------------------------------------- served models (test_serve*)

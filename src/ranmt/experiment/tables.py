@@ -51,22 +51,30 @@ def _metrics_in_order(task: str) -> list[str]:
 
 
 def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
-                        base_cells: dict[int, dict], cells: list[dict], name: str,
-                        metrics: list[str]) -> dict[str, dict[int, float]]:
-    """metric -> seed -> paired-bootstrap p of variant ``name`` against the same seed's baseline."""
+                        base_cells: dict[int, dict], variants: dict[str, list[dict]],
+                        metrics: list[str]) -> dict[str, dict[str, dict[int, float]]]:
+    """variant -> metric -> seed -> paired-bootstrap p of the variant against the same seed's
+    baseline. One sacreBLEU test per seed holds the baseline and every variant of that seed:
+    each system is resampled with the same indices (sacreBLEU reseeds per system), so the
+    p-values are those of one test per pair, without the baseline's statistics and
+    confidence interval computed again for every variant."""
     sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
-    pvalues: dict[str, dict[int, float]] = {m: {} for m in sig_metrics}
+    pvalues: dict[str, dict[str, dict[int, float]]] = {
+        name: {m: {} for m in sig_metrics} for name in variants}
     if not sig_metrics:
         return pvalues
-    for cell in cells:
-        base = base_cells.get(cell["seed"])
-        if base is None:
+    for seed, base in base_cells.items():
+        entries = [(name, cell) for name, cells in variants.items() for cell in cells
+                   if cell["seed"] == seed]
+        if not entries:
             continue
-        result = paired_bootstrap([(experiment.baseline, _read_hyps(experiment, base, test)),
-                                   (name, _read_hyps(experiment, cell, test))], refs,
-                                  sig_metrics, experiment.bootstrap_samples)
-        for metric in sig_metrics:
-            pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+        result = paired_bootstrap(
+            [(experiment.baseline, _read_hyps(experiment, base, test))]
+            + [(name, _read_hyps(experiment, cell, test)) for name, cell in entries],
+            refs, sig_metrics, experiment.bootstrap_samples)
+        for row, (name, _) in enumerate(entries, start=1):
+            for metric in sig_metrics:
+                pvalues[name][metric][seed] = result["systems"][row][f"{metric}_p"]
     return pvalues
 
 
@@ -80,15 +88,14 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
     refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
     base_cells = {c["seed"]: c for c in by_variant.get(experiment.baseline, [])}
     comparisons: dict = {}
-    for name in present:
-        if name == experiment.baseline or not base_cells:
-            continue
-        pvalues = _bootstrap_p_values(experiment, test, refs, base_cells, by_variant[name],
-                                      name, metrics)
-        comparisons[name] = {
-            metric: compare_over_seeds(scores[experiment.baseline][metric],
-                                       scores[name][metric], pvalues[metric], experiment.alpha)
-            for metric in pvalues}
+    variants = {name: by_variant[name] for name in present if name != experiment.baseline}
+    if base_cells and variants:
+        pvalues = _bootstrap_p_values(experiment, test, refs, base_cells, variants, metrics)
+        for name, by_metric in pvalues.items():
+            comparisons[name] = {
+                metric: compare_over_seeds(scores[experiment.baseline][metric],
+                                           scores[name][metric], seeds, experiment.alpha)
+                for metric, seeds in by_metric.items()}
     lines = [f"## {dataset.name} — {test}", "",
              "| metric | " + " | ".join(present) + " |", "|---|" + "---|" * len(present)]
     for metric in metrics:

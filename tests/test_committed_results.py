@@ -2,12 +2,18 @@
 over a copy of a ``docs/results`` folder (its cell.json files and hypotheses as committed)
 writes results.md and every results.vs-NAME.md identical to the committed ones.
 
-Slow (each grid prepares Multi30k and bootstraps its significance again); needs Multi30k
-under ``$RANMT_DATA_DIR``; marked ``ci``: CI runs it. results.json is not compared: it
-records the commit it was written at. Folders written before the one significance rule
-(their results.json has no ``alpha``: the equal-time history of RESULTS.md, whose
-single-run † meant p < 0.01 and whose grid file has changed since) are kept as they were
-written and not collected here.
+Needs Multi30k under ``$RANMT_DATA_DIR`` (each grid prepares its data again). The paired
+bootstraps (sacreBLEU's TER, chrF and BLEU statistics of every hypothesis file, then 1000
+resamples per comparison) were 4-5 of the suite's minutes on 2 cores, so CI (``ci``)
+recomputes them for one grid, :data:`RECOMPUTED` (the bootstrap machinery end to end, p-values
+equal to those recorded), and rebuilds the other grids with each comparison's per-seed
+p-values replayed from its recorded results*.json (everything else recomputed: scores,
+means, deltas, the seed rule, Welch's test, the marks, the layout). The test marked only
+``slow`` recomputes every grid's bootstraps (``make test-all``). results.json is not
+compared: it records the commit it was written at. Folders written before the one
+significance rule (their results.json has no ``alpha``: the equal-time history of
+RESULTS.md, whose single-run † meant p < 0.01 and whose grid file has changed since) are kept
+as they were written and not collected here.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ RESULTS = ROOT / "docs" / "results"
 # kept as written: not collected (a skip would fail CI, which skips only for want of CUDA).
 GRIDS = sorted(path.parent.name for path in RESULTS.glob("*/results.json")
                if "alpha" in json.loads(path.read_text(encoding="utf-8")))
+RECOMPUTED = "multi30k_en_de_1k_bf16"
+"""The grid whose bootstraps CI recomputes: one of the smallest (6 cells) whose tables carry
+marks (7 †/‡)."""
 
 
 def _baselines(folder: Path) -> list[str]:
@@ -58,10 +67,11 @@ def _prepare(dataset, root: Path) -> Path:
     return prepare_dataset(dataset, root, log=lambda _msg: None)
 
 
-def _rebuild(grid: str, copy: Path, prepared: dict[str, Path]) -> None:
+def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> None:
     """``ranmt experiment GRID --tables-only`` over a copy of the committed folder (in a
     worker process), its datasets' prepared data (``prepared``: name -> folder) linked in
-    where ``ranmt experiment`` looks for it."""
+    where ``ranmt experiment`` looks for it; ``replay``: the paired bootstraps answer with
+    the committed per-seed p-values (:func:`_replayed_bootstrap`)."""
     os.environ.pop("RANMT_WORK_DIR", None)
     committed = RESULTS / grid
     recorded = json.loads((committed / "results.json").read_text(encoding="utf-8"))
@@ -69,46 +79,119 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path]) -> None:
     (copy / "data").mkdir(exist_ok=True)
     for name, folder in prepared.items():
         (copy / "data" / name).symlink_to(folder, target_is_directory=True)
+    import ranmt.experiment.tables as tables
+
+    computed = tables.paired_bootstrap  # the pool's processes take grids of either kind
+    if replay:
+        tables.paired_bootstrap = _replayed_bootstrap(committed)
     baselines = _baselines(committed)
-    main(["experiment", str(ROOT / recorded["experiment_file"]), "--out", str(copy),
-          "--tables-only", *(["--baseline", *baselines] if baselines else [])])
+    try:
+        main(["experiment", str(ROOT / recorded["experiment_file"]), "--out", str(copy),
+              "--tables-only", *(["--baseline", *baselines] if baselines else [])])
+    finally:
+        tables.paired_bootstrap = computed
 
 
-@pytest.fixture(scope="session")  # once per process (make test: --dist loadfile keeps
-# this file's tests in one worker)
-def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
-    """Every grid rebuilt, two at a time in worker processes (the grids are independent;
-    their paired bootstraps were most of the suite's time: 12.7 of 30 minutes on 2 cores),
-    the largest first. Each distinct dataset is prepared once and shared by the grids that
-    use it (the same corpus and settings prepare the same data: SentencePiece training and
-    encoding were repeated per grid before). Returns (the folder of the copies, grid -> the
-    error or None)."""
+def _replayed_bootstrap(committed: Path):
+    """A stand-in for ``ranmt.evaluate.paired_bootstrap`` that answers each comparison with
+    the per-seed p-values recorded in the committed results*.json: the variants' hypotheses
+    name their cell (dataset, test, seed), the first system names the baseline."""
+    cells = {}  # (variant, hypotheses) -> (dataset, test, seed)
+    for path in (committed / "runs").glob("*/*/seed*/*.hyp"):
+        dataset, variant, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
+        lines = tuple(path.read_text(encoding="utf-8").split("\n")[:-1])
+        cells[(variant, lines)] = (dataset, path.stem, seed)
+    recorded = {}  # (baseline, dataset, test, variant) -> metric -> seed -> p
+    for path in committed.glob("results*.json"):
+        results = json.loads(path.read_text(encoding="utf-8"))
+        baseline = results.get("baseline") or results["experiment_config"]["baseline"]
+        for dataset, entry in results["datasets"].items():
+            for test, numbers in entry["tests"].items():
+                for variant, metrics in numbers["significance"].items():
+                    recorded[(baseline, dataset, test, variant)] = {
+                        metric: dict(zip(value["seeds"], value["per_seed_p"]))
+                        for metric, value in metrics.items() if "per_seed_p" in value}
+
+    def replay(systems, refs, metrics, samples=1000, seed=12345):
+        rows: list[dict] = [{"name": systems[0][0]}]
+        for name, hyps in systems[1:]:
+            dataset, test, cell_seed = cells[(name, tuple(hyps))]
+            by_metric = recorded[(systems[0][0], dataset, test, name)]
+            rows.append({"name": name, **{f"{metric}_p": by_metric[metric][cell_seed]
+                                          for metric in metrics}})
+        return {"systems": rows}
+
+    return replay
+
+
+def _rebuild_grids(root: Path, grids: list[str], replay: set[str]) -> dict:
+    """``grids`` rebuilt under ``root``, two at a time in worker processes (the grids are
+    independent), the recomputed ones first, then the largest. Each distinct dataset is
+    prepared once and shared by the grids that use it. Returns grid -> the error or None."""
     from ranmt.experiment.spec import load_placed
 
-    if not (Path(os.environ.get("RANMT_DATA_DIR", "")) / "multi30k").is_dir():
-        pytest.skip("needs Multi30k under $RANMT_DATA_DIR")
-    root = tmp_path_factory.mktemp("rebuilt")
     datasets = {grid: load_placed(_experiment_file(grid), root / grid).datasets
-                for grid in GRIDS}
-    distinct = {_dataset_key(d): d for grid in GRIDS for d in datasets[grid]}
-    largest_first = sorted(GRIDS, key=lambda grid: -len(list(
-        (RESULTS / grid).glob("runs/**/cell.json"))))
+                for grid in grids}
+    distinct = {_dataset_key(d): d for grid in grids for d in datasets[grid]}
+    order = sorted(grids, key=lambda grid: (grid in replay, -len(list(
+        (RESULTS / grid).glob("runs/**/cell.json")))))
     with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
         folders = {key: pool.submit(_prepare, dataset, root / "prepared" / str(number))
                    for number, (key, dataset) in enumerate(distinct.items())}
         folders = {key: future.result() for key, future in folders.items()}
         futures = {grid: pool.submit(_rebuild, grid, root / grid, {
-            d.name: folders[_dataset_key(d)] for d in datasets[grid]}) for grid in largest_first}
-    return root, {grid: future.exception() for grid, future in futures.items()}
+            d.name: folders[_dataset_key(d)] for d in datasets[grid]}, grid in replay)
+            for grid in order}
+    return {grid: future.exception() for grid, future in futures.items()}
+
+
+def _needs_multi30k() -> None:
+    if not (Path(os.environ.get("RANMT_DATA_DIR", "")) / "multi30k").is_dir():
+        pytest.skip("needs Multi30k under $RANMT_DATA_DIR")
+
+
+@pytest.fixture(scope="session")  # once per process (make test: --dist loadfile keeps
+# this file's tests in one worker)
+def rebuilt(tmp_path_factory) -> tuple[Path, dict]:
+    """Every grid rebuilt, :data:`RECOMPUTED` with its bootstraps, the others with their
+    recorded p-values replayed. Returns (the folder of the copies, grid -> error or None)."""
+    _needs_multi30k()
+    root = tmp_path_factory.mktemp("rebuilt")
+    return root, _rebuild_grids(root, GRIDS, replay=set(GRIDS) - {RECOMPUTED})
+
+
+def _significance(path: Path) -> dict:
+    results = json.loads(path.read_text(encoding="utf-8"))
+    return {(dataset, test): numbers["significance"]
+            for dataset, entry in results["datasets"].items()
+            for test, numbers in entry["tests"].items()}
+
+
+def _assert_identical(root: Path, errors: dict, grid: str, recomputed: bool) -> None:
+    """The rebuilt tables equal the committed ones; where the bootstraps were recomputed,
+    so do the recorded p-values (every seed's, not only the marks they give)."""
+    assert errors[grid] is None, f"{grid}: {errors[grid]!r}"
+    committed, copy = RESULTS / grid, root / grid
+    for name in ["results.md"] + [f"results.vs-{b}.md" for b in _baselines(committed)]:
+        assert (copy / name).read_text(encoding="utf-8") == \
+            (committed / name).read_text(encoding="utf-8"), f"{grid}/{name}"
+        if recomputed:
+            numbers = name.replace(".md", ".json")
+            assert _significance(copy / numbers) == _significance(committed / numbers), \
+                f"{grid}/{numbers}: p-values"
 
 
 @pytest.mark.slow
 @pytest.mark.ci
 @pytest.mark.parametrize("grid", GRIDS)
 def test_committed_tables_rebuild_byte_identical(grid, rebuilt):
-    root, errors = rebuilt
-    assert errors[grid] is None, f"{grid}: {errors[grid]!r}"
-    committed, copy = RESULTS / grid, root / grid
-    for name in ["results.md"] + [f"results.vs-{b}.md" for b in _baselines(committed)]:
-        assert (copy / name).read_text(encoding="utf-8") == \
-            (committed / name).read_text(encoding="utf-8"), f"{grid}/{name}"
+    _assert_identical(*rebuilt, grid, recomputed=grid == RECOMPUTED)
+
+
+@pytest.mark.slow
+def test_committed_tables_rebuild_with_every_bootstrap_recomputed(tmp_path):
+    """Every grid's paired bootstraps recomputed (about 5 minutes on 2 cores)."""
+    _needs_multi30k()
+    errors = _rebuild_grids(tmp_path, GRIDS, replay=set())
+    for grid in GRIDS:
+        _assert_identical(tmp_path, errors, grid, recomputed=True)

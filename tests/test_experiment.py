@@ -590,10 +590,14 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
                         lambda e, c, t: [f"{c['variant']}|{c['seed']}"])
 
     def fake_bootstrap(systems, refs, metrics, samples):
+        """One test per seed: the baseline, then every variant of that seed."""
         base, seed = systems[0][1][0].split("|")
-        variant = systems[1][1][0].split("|")[0]
-        p = 0.2 if (variant, base, int(seed)) in weak else 0.01
-        return {"systems": [{}, {"bleu_p": p}]}
+        rows = [{}]
+        for _, hyps in systems[1:]:
+            variant, variant_seed = hyps[0].split("|")
+            assert variant_seed == seed
+            rows.append({"bleu_p": 0.2 if (variant, base, int(seed)) in weak else 0.01})
+        return {"systems": rows}
 
     monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
     against_transf, _ = build_tables(experiment, cells)

@@ -288,6 +288,10 @@ class DecodeConfig:
                                             "it before the cut)", gt=0)
     seed: int = decode_option(0, "seed of the sampling generator (same inputs, settings and "
                                  "seed: same samples)", ge=0)
+    shortlist: bool = decode_option(
+        False, "restrict the output layer of each batch to its source words' candidates in "
+               "the checkpoint's lexical shortlist (shortlist.safetensors beside it, written "
+               "by ranmt shortlist; ranmt.inference.shortlist)")
 
 
 @functools.cache

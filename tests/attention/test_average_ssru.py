@@ -64,7 +64,7 @@ def test_aan_equals_its_formula(gate):
     out = module(y, y, causal=True, need_weights=True)
     torch.testing.assert_close(out.context, torch.stack(rows, 1))
     expected = torch.tril(torch.ones(5, 5)) / torch.arange(1, 6)[:, None]
-    torch.testing.assert_close(out.weights, expected.expand(2, 1, 5, 5))
+    torch.testing.assert_close(out.weights, expected.expand(2, 2, 5, 5))  # per head
 
 
 def test_ssru_equals_its_formula():

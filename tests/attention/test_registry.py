@@ -8,21 +8,17 @@ import torch
 from ranmt.attention import REGISTRY, AttentionSpec, build_attention, reorder_cache
 from ranmt.attention.base import build_mask
 from ranmt.attention.cache import AttentionCache
-from ranmt.attention.gaussian import HardcodedConfig
-from ranmt.attention.ran import RANConfig
-from ranmt.attention.recurrent_cross import RecurrentCrossConfig
-from ranmt.attention.synthesizer import SynthesizerConfig
+from ranmt.attention.registry import default_options
 
 D, H, N = 32, 4, 16
 
 
 def make(name: str, role: str, dropout: float = 0.0):
     cls = REGISTRY[name]
+    options = default_options()  # every registered section
+    options["hardcoded"].gamma = 1.3
     spec = AttentionSpec(d_model=D, heads=H, dropout=dropout, max_positions=N, role=role,
-                         layer_index=0, num_layers=1,
-                         options={"ran": RANConfig(), "synthesizer": SynthesizerConfig(),
-                                  "hardcoded": HardcodedConfig(gamma=1.3),
-                                  "recurrent_cross": RecurrentCrossConfig()})
+                         layer_index=0, num_layers=1, options=options, ffn_dim=2 * D)
     spec.shared = cls.build_shared(spec) if hasattr(cls, "build_shared") else None
     torch.manual_seed(0)
     return build_attention(name, spec).eval()
@@ -57,6 +53,9 @@ def test_shapes_and_masked_weights_are_zero(name, role):
                     need_weights=True)
     assert out.context.shape == query.shape
     weights = out.weights
+    if not attention.has_weights:  # a recurrence (the SSRU): nothing attends
+        assert weights is None
+        return
     assert weights.shape == (2, H, query.shape[1], memory.shape[1])
     allowed = build_mask(pad, causal, query.shape[1], memory.shape[1], 0, query.device)
     allowed = allowed.expand_as(weights)

@@ -76,6 +76,7 @@ class AverageAttention(Attention):
         options = spec.options["aan"]
         d = spec.d_model
         hidden = options.ffn_dim or spec.ffn_dim or 4 * d
+        self.heads = spec.heads  # the weights are returned per head, as every variant's
         self.fc1 = nn.Linear(d, hidden)
         self.fc2 = nn.Linear(hidden, d)
         self.gate = nn.Linear(2 * d, 2 * d) if options.gate else None
@@ -106,11 +107,11 @@ class AverageAttention(Attention):
         weights = self._weights(positions, cache) if need_weights else None
         return AttnOutput(context, weights, state)
 
-    @staticmethod
-    def _weights(positions: Tensor, cache: AttentionCache | None) -> Tensor:
-        """The equal weights (B, 1, T, S) of the average: 1 / (i + 1) at keys 0..i."""
+    def _weights(self, positions: Tensor, cache: AttentionCache | None) -> Tensor:
+        """The equal weights (B, H, T, S) of the average: 1 / (i + 1) at keys 0..i."""
         rows = positions[..., 0]  # (B, T)
         keys = int(rows.max()) + 1 if cache is None or cache.positions is None else cache.span
         slots = torch.arange(keys, device=rows.device, dtype=torch.float32)
         allowed = slots[None, None, :] <= rows[..., None]  # (B, T, S)
-        return (allowed / (rows[..., None] + 1))[:, None]
+        weights = allowed / (rows[..., None] + 1)  # (B, T, S)
+        return weights[:, None].expand(-1, self.heads, -1, -1)

@@ -87,6 +87,9 @@ class Attention(nn.Module):
     """True when the weights do not depend on the input (RAN, Syn-R, hard-coded)."""
     normalized = True
     """True when every row of the returned weights sums to 1."""
+    has_weights = True
+    """False for a self-attention replaced by a recurrence (the SSRU): ``need_weights``
+    gets None."""
     grouped_memory = False
     """True when, in incremental decoding, the module accepts a memory of B/g sentences for
     B query rows (g consecutive rows per sentence: the beams) and keeps its cache per

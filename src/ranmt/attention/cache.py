@@ -140,6 +140,12 @@ class DecoderCache:
     plan: HistoryPlan | None = None
     """With ``positions``: how the next reorder gathers the self-attention histories (set
     by the step-level decoder, used once); None: every row's ``span`` slots."""
+    vocabulary: Tensor | None = None
+    """(V',) sorted target ids the output is restricted to (a lexical shortlist,
+    ``ranmt.inference.shortlist``): tokens in and out of a step are indices into it; None:
+    the whole vocabulary."""
+    output: tuple[Tensor, Tensor | None] | None = None
+    """With ``vocabulary``: the restricted output weight (V', d) and bias, taken once."""
 
     @property
     def members(self) -> list[DecoderCache]:

@@ -51,7 +51,7 @@ class SSRU(Attention):
     """One decoder layer's SSRU (the module docstring's three equations)."""
 
     roles = ("decoder_self",)
-    normalized = False
+    has_weights = False
 
     def __init__(self, spec: AttentionSpec):
         super().__init__()

@@ -3,7 +3,7 @@
 Each subcommand is a :class:`~ranmt.cli.common.Command` row of :data:`COMMANDS`, defined in
 the module of its kind — :mod:`.data` (download, prepare), :mod:`.training` (train,
 experiment, average), :mod:`.decoding` (translate, score, evaluate, distill), :mod:`.checkpoints`
-(analyze, export, info), :mod:`.serving` (serve, benchmark) — where ``_args_NAME`` (its
+(analyze, export, shortlist, info), :mod:`.serving` (serve, benchmark) — where ``_args_NAME`` (its
 options) stands right above ``_cmd_NAME`` (its handler), which calls one library function.
 Errors the user can fix are printed as one line ``ranmt CMD: error: ...`` with exit status 2.
 """
@@ -20,7 +20,8 @@ from ranmt.cli.common import Command
 COMMANDS: tuple[Command, ...] = (
     data.DOWNLOAD, data.PREPARE, training.TRAIN, decoding.TRANSLATE, decoding.SCORE,
     decoding.EVALUATE, decoding.DISTILL, checkpoints.ANALYZE, training.EXPERIMENT, training.AVERAGE,
-    serving.BENCHMARK, serving.SERVE, checkpoints.EXPORT, checkpoints.INFO,
+    serving.BENCHMARK, serving.SERVE, checkpoints.EXPORT, checkpoints.SHORTLIST,
+    checkpoints.INFO,
 )
 """The subcommands, in the order ``ranmt --help`` lists them."""
 

@@ -97,9 +97,41 @@ def _cmd_info(args) -> None:
             print(f"{key:<{width}}  {value:>12,}")
 
 
+def _args_shortlist(p: argparse.ArgumentParser) -> None:
+    """The options of ``ranmt shortlist``."""
+    p.add_argument("--data", required=True, help="prepared-data directory (its training split)")
+    p.add_argument("--out", required=True,
+                   help="run or checkpoint directory: writes shortlist.safetensors there "
+                        "(decoding with --shortlist finds it beside the checkpoint)")
+    p.add_argument("--split", default="train", help="split counted (default train)")
+    p.add_argument("--k", type=int, default=50,
+                   help="candidate target tokens per source token (default 50, as Bergamot)")
+    p.add_argument("--frequent", type=int, default=100,
+                   help="most frequent target tokens always allowed (default 100)")
+
+
+def _cmd_shortlist(args) -> None:
+    from pathlib import Path
+
+    from ranmt.cli.common import info
+    from ranmt.inference.shortlist import SHORTLIST_FILE, build_shortlist
+
+    out = Path(args.out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"--out {out} is not a directory")
+    shortlist = build_shortlist(args.data, args.k, args.frequent, args.split)
+    shortlist.save(out / SHORTLIST_FILE, {"data": str(args.data), "split": args.split,
+                                          "k": args.k, "frequent": args.frequent})
+    filled = int((shortlist.candidates >= 0).sum(axis=1).mean())
+    info(f"wrote {out / SHORTLIST_FILE}: {shortlist.candidates.shape[0]} source tokens, "
+         f"{filled} candidates each on average, {len(shortlist.frequent)} frequent")
+
+
 ANALYZE = Command("analyze", "attention statistics and the papers' figures (PNG+JSON)",
                   _args_analyze, _cmd_analyze)
 EXPORT = Command("export", "export a TransF checkpoint to CTranslate2 or Hugging Face Marian "
                            "(identical logits)",
                  _args_export, _cmd_export)
+SHORTLIST = Command("shortlist", "build a lexical shortlist beside a checkpoint (decode with "
+                                 "--shortlist)", _args_shortlist, _cmd_shortlist)
 INFO = Command("info", "parameter counts of a checkpoint or config", _args_info, _cmd_info)

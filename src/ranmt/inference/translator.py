@@ -32,6 +32,7 @@ from ranmt.inference.decode import search
 from ranmt.inference.ensemble import Ensemble
 from ranmt.inference.sampling import Sampler, sample
 from ranmt.inference.scoring import PairScore, align, score_targets, word_alignment
+from ranmt.inference.shortlist import SHORTLIST_FILE, RestrictedOutput, Shortlist
 from ranmt.runtime.memory import retain_freed_memory
 
 
@@ -85,6 +86,7 @@ class Translator:
         self.load_options: dict | None = None
         """The arguments of :meth:`load` that give this translator again (None when it was
         built otherwise): how ``ranmt serve``'s decoding workers load their copy."""
+        self._shortlist: Shortlist | None = None
         self.progress = False
         """Show a progress bar (sentences/s, tokens/s, ETA) on stderr while translating
         more than one batch; the CLI turns it on when stderr is a terminal."""
@@ -206,12 +208,41 @@ class Translator:
 
     def _decode_batch(self, src, prefix, d: DecodeConfig, seed: int):
         """One padded batch src (B, S) -> per sentence its hypotheses."""
+        model, vocabulary = self.model, None
+        if d.shortlist:
+            if d.cuda_graphs:
+                raise ValueError("decode.shortlist and decode.cuda_graphs do not go together")
+            vocabulary = self.lexical_shortlist().vocabulary(src, prefix)
+            model = RestrictedOutput(self.model, vocabulary)
+            if prefix is not None:  # target ids -> indices into the batch's vocabulary
+                prefix = torch.searchsorted(vocabulary, prefix)
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
-            return sample(self.model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b,
-                          prefix)
-        return search(self.model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
-                      d.max_len_b, d.nbest, prefix=prefix, graphs=d.cuda_graphs)
+            hyps = sample(model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b, prefix)
+        else:
+            hyps = search(model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
+                          d.max_len_b, d.nbest, prefix=prefix, graphs=d.cuda_graphs)
+        if vocabulary is None:
+            return hyps
+        ids = vocabulary.tolist()
+        return [[([ids[token] for token in tokens], score) for tokens, score in sentence]
+                for sentence in hyps]
+
+    def lexical_shortlist(self) -> Shortlist:
+        """The checkpoint's lexical shortlist (loaded once): ``shortlist.safetensors`` in the
+        checkpoint's folder or a folder above it (the run's)."""
+        if self._shortlist is None:
+            if self.checkpoint_dir is None:
+                raise ValueError("decode.shortlist needs a translator loaded from a checkpoint")
+            for folder in (self.checkpoint_dir, *self.checkpoint_dir.parents[:2]):
+                if (folder / SHORTLIST_FILE).is_file():
+                    self._shortlist = Shortlist.load(folder / SHORTLIST_FILE)
+                    break
+            else:
+                raise FileNotFoundError(
+                    f"decode.shortlist: no {SHORTLIST_FILE} in {self.checkpoint_dir} or the "
+                    "folders above it; build one with `ranmt shortlist`")
+        return self._shortlist
 
     def warm_up(self) -> None:
         """Decode one short input (beneath the request path): the first call's one-off

@@ -69,8 +69,26 @@ class Decoder(nn.Module):
                 break
         return self_state, cross_state
 
-    def project(self, x: Tensor) -> Tensor:
-        """(B, T, d) -> logits (B, T, V)."""
+    def restricted_output(self, vocabulary: Tensor) -> tuple[Tensor, Tensor | None] | None:
+        """The output weight (V', d) and bias of the target ids ``vocabulary`` (V',); None
+        when the output layer is not a plain linear (int8: the full product is sliced)."""
+        if self.output is None:
+            return self.embedder.tokens.weight.index_select(0, vocabulary), None
+        if isinstance(self.output, nn.Linear):
+            bias = self.output.bias
+            return (self.output.weight.index_select(0, vocabulary),
+                    None if bias is None else bias.index_select(0, vocabulary))
+        return None
+
+    def project(self, x: Tensor, cache: DecoderCache | None = None) -> Tensor:
+        """(B, T, d) -> logits (B, T, V), or (B, T, V') over ``cache.vocabulary``."""
+        if cache is not None and cache.vocabulary is not None:
+            if cache.output is None:
+                cache.output = self.restricted_output(cache.vocabulary) or (None, None)
+            weight, bias = cache.output
+            if weight is None:
+                return self.project(x).index_select(-1, cache.vocabulary)
+            return F.linear(x, weight, bias)
         if self.output is None:
             if self.training:
                 return F.linear(x, self.embedder.tokens.weight)
@@ -89,6 +107,8 @@ class Decoder(nn.Module):
         shared masks (a new set when None).
         """
         masks = PassMasks() if masks is None else masks
+        if cache is not None and cache.vocabulary is not None:
+            tgt_in = cache.vocabulary[tgt_in]  # shortlist indices -> target ids
         positions = None if cache is None else cache.positions
         offset = 0 if cache is None else cache.step if positions is None else positions
         x = self.embedder(tgt_in, offset, None if positions is None else cache.span)
@@ -105,7 +125,7 @@ class Decoder(nn.Module):
                 x, memory, src_pad_mask, self_state, cross_state, layer_cache, need_weights,
                 masks)
             all_weights.append(weights)
-        return self.project(self.final_norm(x)), all_weights
+        return self.project(self.final_norm(x), cache), all_weights
 
 
 class Seq2Seq(nn.Module):

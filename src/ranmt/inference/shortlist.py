@@ -1,0 +1,160 @@
+"""A lexical shortlist: the output layer restricted, per batch, to the target tokens the
+batch's source tokens are likely to produce (as Marian's and CTranslate2's vocabulary maps).
+
+Built from a prepared training corpus (:func:`build_shortlist`) by co-occurrence: source
+token s and target token t co-occur in a pair when both appear in it (counted once per
+pair), and each source token keeps the ``k`` target tokens of the highest Dice coefficient
+``2 c(s, t) / (c(s) + c(t))`` (ties: the smaller id), where ``c(s)`` / ``c(t)`` count the
+pairs holding s / t. The ``frequent`` most frequent target tokens (by pair count) are
+always in. Stored beside a checkpoint as ``shortlist.safetensors`` (``candidates``
+(V_src, k) int32, -1 where a source token has fewer; ``frequent`` (F,) int32) with its
+settings in the file's metadata.
+
+Decoding (:meth:`Shortlist.vocabulary`): a batch's vocabulary is the union of its source
+tokens' candidates, the frequent tokens, the special tokens and any forced prefix's
+tokens, sorted: the special ids (PAD, UNK, BOS, EOS: 0-3) are always its first four, so
+they keep their ids, and the search runs in the restricted vocabulary unchanged (the
+decoder embeds ``vocabulary[token]`` and projects onto ``vocabulary`` only,
+:attr:`ranmt.attention.cache.DecoderCache.vocabulary`); hypotheses are mapped back to
+full ids afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file, save_file
+from torch import Tensor
+
+from ranmt.data.corpus import load_split
+
+SHORTLIST_FILE = "shortlist.safetensors"
+SPECIAL_IDS = 4
+"""PAD, UNK, BOS, EOS: ids 0-3, always in a shortlist's vocabulary, first."""
+
+
+@dataclass
+class Shortlist:
+    """Per source token its candidate target tokens, and the always-allowed frequent ones."""
+
+    candidates: np.ndarray
+    """(V_src, k) int32 target ids, -1 padding."""
+    frequent: np.ndarray
+    """(F,) int32 target ids."""
+    target_vocab_size: int
+
+    def vocabulary(self, sources: Tensor, prefixes: Tensor | None = None) -> Tensor:
+        """The sorted target ids (V',) int64 a batch may produce: ``sources`` (B, S) source
+        ids (padding included: PAD's candidates are none), ``prefixes`` (B, P) forced
+        target ids or None. On the sources' device."""
+        rows = np.unique(sources.cpu().numpy())
+        rows = rows[rows < self.candidates.shape[0]]
+        allowed = [np.arange(SPECIAL_IDS), self.frequent, self.candidates[rows].ravel()]
+        if prefixes is not None:
+            allowed.append(prefixes.cpu().numpy().ravel())
+        ids = np.unique(np.concatenate(allowed).astype(np.int64))
+        ids = ids[(ids >= 0) & (ids < self.target_vocab_size)]
+        return torch.from_numpy(ids).to(sources.device)
+
+    def save(self, path: str | Path, settings: dict) -> None:
+        save_file({"candidates": self.candidates, "frequent": self.frequent}, str(path),
+                  metadata={"settings": json.dumps(settings),
+                            "target_vocab_size": str(self.target_vocab_size)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> Shortlist:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+        return cls(tensors["candidates"], tensors["frequent"],
+                   int(metadata["target_vocab_size"]))
+
+
+class RestrictedOutput:
+    """A model (or ensemble) whose decoder caches produce ``vocabulary`` (V',) only: what
+    the searches run on with a shortlist (everything else is the model's)."""
+
+    def __init__(self, model, vocabulary: Tensor):
+        self.model = model
+        self.vocabulary = vocabulary
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+    def init_cache(self, *args, **kwargs):
+        cache = self.model.init_cache(*args, **kwargs)
+        for member in cache.members:
+            member.vocabulary = self.vocabulary
+        return cache
+
+
+def cooccurrence(pairs: list[tuple[np.ndarray, np.ndarray]], src_vocab: int, tgt_vocab: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Co-occurrence counts of a corpus of (source ids, target ids) pairs, each token
+    counted once per pair: (pair keys ``s * tgt_vocab + t``, their counts, c(s) (V_src,),
+    c(t) (V_tgt,)), keys sorted."""
+    src_count = np.zeros(src_vocab, dtype=np.int64)
+    tgt_count = np.zeros(tgt_vocab, dtype=np.int64)
+    keys: list[np.ndarray] = []
+    counted_keys, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    for number, (src, tgt) in enumerate(pairs, start=1):
+        s, t = np.unique(src).astype(np.int64), np.unique(tgt).astype(np.int64)
+        src_count[s] += 1
+        tgt_count[t] += 1
+        keys.append((s[:, None] * tgt_vocab + t[None, :]).ravel())
+        if number % 50_000 == 0:  # merge as we go: memory bounded by the distinct pairs
+            counted_keys, counts = _merge(counted_keys, counts, keys)
+            keys = []
+    counted_keys, counts = _merge(counted_keys, counts, keys)
+    return counted_keys, counts, src_count, tgt_count
+
+
+def _merge(keys: np.ndarray, counts: np.ndarray, new: list[np.ndarray]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    if not new:
+        return keys, counts
+    fresh, fresh_counts = np.unique(np.concatenate(new), return_counts=True)
+    both = np.concatenate([keys, fresh])
+    merged, inverse = np.unique(both, return_inverse=True)
+    total = np.zeros(merged.shape[0], dtype=np.int64)
+    np.add.at(total, inverse, np.concatenate([counts, fresh_counts]))
+    return merged, total
+
+
+def build_shortlist(data_dir: str | Path, k: int = 50, frequent: int = 100,
+                    split: str = "train") -> Shortlist:
+    """The shortlist of a prepared split (see the module docstring)."""
+    from ranmt.data.corpus import load_meta
+
+    meta = load_meta(data_dir)
+    encoded = load_split(data_dir, split)
+    pairs = ((np.asarray(encoded.src[i]), np.asarray(encoded.tgt[i]))
+             for i in range(len(encoded.src)))
+    return shortlist_from_pairs(pairs, meta["src_vocab_size"], meta["tgt_vocab_size"], k,
+                                frequent)
+
+
+def shortlist_from_pairs(pairs, src_vocab: int, tgt_vocab: int, k: int = 50,
+                         frequent: int = 100) -> Shortlist:
+    """The shortlist of (source ids, target ids) pairs (see the module docstring)."""
+    if k < 1 or frequent < 0:
+        raise ValueError(f"a shortlist needs k >= 1 and frequent >= 0, not {k}, {frequent}")
+    keys, counts, src_count, tgt_count = cooccurrence(pairs, src_vocab, tgt_vocab)
+    sources, targets = keys // tgt_vocab, keys % tgt_vocab
+    dice = 2.0 * counts / (src_count[sources] + tgt_count[targets])
+    order = np.lexsort((targets, -dice, sources))  # by source, best first, then smaller id
+    sources, targets = sources[order], targets[order]
+    starts = np.searchsorted(sources, np.arange(src_vocab))
+    rank = np.arange(sources.shape[0]) - starts[sources]
+    keep = rank < k
+    candidates = np.full((src_vocab, k), -1, dtype=np.int32)
+    candidates[sources[keep], rank[keep]] = targets[keep]
+    by_frequency = np.lexsort((np.arange(tgt_vocab), -tgt_count))
+    top = by_frequency[:frequent]
+    return Shortlist(candidates, top[tgt_count[top] > 0].astype(np.int32), tgt_vocab)

@@ -95,3 +95,46 @@ def test_distill_killed_mid_run_resumes_without_losing_or_repeating_lines(
         assert (killed / name).read_bytes() == (whole / name).read_bytes()
     report = json.loads((killed / "distill.json").read_text())
     assert report["lines"] == 200 and report["this_run"]["chunks"] < 13
+
+
+def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tmp_path):
+    """teacher -> distilled data -> students in one `ranmt experiment`: the distilled
+    dataset is the teacher cell's translations, encoded with the teacher's vocabularies;
+    a variant runs only on the datasets it lists."""
+    import yaml
+
+    from test_experiment import _grid
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    original = config["datasets"][0]
+    config["baseline"] = "Student"
+    config["datasets"].append({
+        "name": "reverse-distilled", "src": "src", "tgt": "tgt",
+        "distill": {"teacher": {"dataset": "reverse", "variant": "Teacher", "seed": 1},
+                    "decode": {"beam": 1}, "chunk_lines": 1000}})
+    config["variants"] = [
+        {"name": "Teacher", "datasets": ["reverse"], "overrides": {"model.arch": "transf"}},
+        {"name": "Student", "datasets": ["reverse-distilled"],
+         "overrides": {"model.arch": "ssru-d"}}]
+    path.write_text(yaml.safe_dump(config))
+    main(["experiment", str(path), "--dry-run"])
+    main(["experiment", str(path)])
+    exp = tmp_path / "exp"
+    cells = sorted(p.relative_to(exp / "runs").parent.parent.as_posix()
+                   for p in (exp / "runs").glob("*/*/seed1/cell.json"))
+    assert cells == ["reverse-distilled/Student", "reverse/Teacher"]
+    distilled = exp / "data" / "reverse-distilled"
+    teacher_data = exp / "data" / "reverse"
+    assert (distilled / "spm.src.model").read_bytes() == \
+        (teacher_data / "spm.src.model").read_bytes()
+    teacher = Translator.load(exp / "runs/reverse/Teacher/seed1/run", device="cpu", beam=1)
+    report = json.loads((exp / "data" / "reverse-distilled.distill" / "distill.json").read_text())
+    sources = raw_text(distilled, "train", "src")
+    assert report["lines"] == 3000 and len(sources) == report["kept"] > 100  # a weak teacher
+    translations = teacher.translate(sources)  # batched otherwise: equal but for float ties
+    same = sum(a == b for a, b in zip(raw_text(distilled, "train", "tgt"), translations))
+    assert same >= 0.99 * len(sources)
+    assert raw_text(distilled, "test", "tgt") == raw_text(teacher_data, "test", "tgt")
+    assert original["name"] == "reverse"
+    assert "reverse-distilled" in (exp / "results.md").read_text()

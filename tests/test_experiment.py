@@ -126,7 +126,7 @@ def test_dry_run_of_the_german_english_grid(tmp_path, capsys):
     main(["experiment", str(root / "configs/experiments/multi30k_de_en.yaml"), "--dry-run",
           "--out", str(tmp_path / "de-en")])
     out = capsys.readouterr().out
-    assert "= 12 cells" in out and "(de->en, vocabulary 8000 joint)" in out
+    assert ": 12 cells" in out and "(de->en, vocabulary 8000 joint)" in out
     assert [line.split()[0] for line in out.splitlines()[3:7]] == \
         ["TransF", "RAN-D", "RAN-ALL", "HC-SA"]
     assert "every cell checked (12)" in out and not (tmp_path / "de-en").exists()

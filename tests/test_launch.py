@@ -36,8 +36,8 @@ def _training_started(run: Path) -> bool:
 def test_a_killed_cell_job_resumes_and_every_cell_finishes_once(tmp_path):
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
-    config["overrides"].update({"train.max_steps": 80, "train.log_every": 5,
-                                "train.validate_every": 80})
+    config["overrides"].update({"train.max_steps": 200, "train.log_every": 5,
+                                "train.validate_every": 200})
     path.write_text(yaml.safe_dump(config))
     exp = tmp_path / "exp"
     options = LaunchOptions(launcher="local", time_limit_min=10)
@@ -59,7 +59,7 @@ def test_a_killed_cell_job_resumes_and_every_cell_finishes_once(tmp_path):
     assert len(again) == 1 and messages[-2] == "1 of 2 cells unfinished"
     assert again[0].result() is True
     summary = json.loads((ran_run / "summary.json").read_text())
-    assert summary["steps"] == 80 and summary["resumed_from_step"] > 0
+    assert summary["steps"] == 200 and summary["resumed_from_step"] > 0
     assert transf_cell.stat().st_mtime_ns == finished_at  # not trained again
     assert submit_grid(path, options, log=messages.append) == []
     assert messages[-1] == "0 of 2 cells unfinished"

@@ -85,7 +85,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     selected = [] if tables_only else experiment.select(variants, seeds, datasets)
     durations, elsewhere = [], []
     for index, cell in enumerate(selected, 1):
-        data_dir = prepare_once(cell.dataset, experiment.out, log)
+        data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
         label = f"cell {index}/{len(selected)}: {cell.label}"
         if cell.finished:
             log(f"{label}: done, reusing {cell.file}")

@@ -21,17 +21,23 @@ from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
-from ranmt.experiment.spec import Cell, Dataset
+from ranmt.experiment.spec import Cell, Dataset, Experiment
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 from ranmt.training.train import train
 
 
-def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
-    """Download (if asked) and prepare a dataset once; return the prepared-data directory."""
+def prepare_dataset(dataset: Dataset, root: Path, log, experiment: Experiment | None = None
+                    ) -> Path:
+    """Download (if asked) and prepare a dataset once; return the prepared-data directory.
+    A distilled dataset needs its grid (``experiment``: where the teacher cell is)."""
     prepared = root / "data" / dataset.name
     if (prepared / "meta.json").is_file():
         return prepared
+    if dataset.distill is not None:
+        if experiment is None:
+            raise ConfigError(f"dataset {dataset.name} is distilled: prepared by its grid")
+        return prepare_distilled(dataset, experiment, log)
     tests = dict(dataset.tests)
     train_prefix, valid_prefix = dataset.train, dataset.valid
     if dataset.download:
@@ -60,7 +66,44 @@ def prepare_dataset(dataset: Dataset, root: Path, log) -> Path:
     return prepared
 
 
-def prepare_once(dataset: Dataset, root: Path, log) -> Path:
+def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:
+    """A distilled dataset: the finished teacher cell translates its dataset's training
+    split (``ranmt distill``, resumable: ``data/NAME.distill``), and the result is encoded
+    with the teacher's SentencePiece models into ``data/NAME``."""
+    from ranmt.inference.distill import DistillFilter, distill
+
+    source_name, variant, seed = dataset.teacher_cell()
+    source = next(d for d in experiment.datasets if d.name == source_name)
+    teacher_data = prepare_once(source, experiment.out, log, experiment)
+    teacher = Cell(experiment, source, next(v for v in experiment.variants
+                                            if v.name == variant), seed)
+    if not teacher.finished:
+        raise ConfigError(f"dataset {dataset.name} is distilled by the cell {teacher.label}, "
+                          "which has not finished: run it first (it comes earlier in the "
+                          "grid; with --datasets/--variants/--seeds, include it)")
+    options = dict(dataset.distill)
+    translator = Translator.load(teacher.run_dir,
+                                 **{**experiment.decode, **options.get("decode", {})})
+    keep = DistillFilter(**{key: options[key] for key in ("max_ratio", "max_repeats")
+                            if key in options})
+    work = experiment.out / "data" / f"{dataset.name}.distill"
+    log(f"distilling {source_name} with the teacher {teacher.label} -> {work}")
+    report = distill(translator, teacher_data, work, "train",
+                     int(options.get("chunk_lines", 2000)), keep, log=log)
+    meta = load_meta(teacher_data)
+    tests = {name: str(work / name) for name in report["splits"]
+             if name not in ("train", "valid")}
+    log(f"preparing dataset {dataset.name}")
+    prepared = experiment.out / "data" / dataset.name
+    prepare(meta["src_lang"], meta["tgt_lang"], str(work / "train"), str(work / "valid"),
+            prepared, tests, max_positions=meta.get("max_positions", dataset.max_positions),
+            log=log, spm_models=(teacher_data / "spm.src.model",
+                                 teacher_data / "spm.tgt.model"))
+    return prepared
+
+
+def prepare_once(dataset: Dataset, root: Path, log, experiment: Experiment | None = None
+                 ) -> Path:
     """prepare_dataset under a lock, so that concurrent workers prepare a dataset once."""
     lock = root / "data" / f"{dataset.name}.lock"
     while not claim(lock):
@@ -68,7 +111,7 @@ def prepare_once(dataset: Dataset, root: Path, log) -> Path:
             return root / "data" / dataset.name
         time.sleep(2.0)
     try:
-        return prepare_dataset(dataset, root, log)
+        return prepare_dataset(dataset, root, log, experiment)
     finally:
         release(lock)
 

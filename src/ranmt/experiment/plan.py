@@ -28,6 +28,10 @@ from ranmt.model import build_model, count_parameters
 
 def _dataset_notes(dataset, root: Path) -> list[str]:
     """What a dry run can say of a dataset's inputs (errors raise ConfigError)."""
+    if dataset.distill is not None:
+        source, variant, seed = dataset.teacher_cell()
+        return [f"distilled: the translations of {source}'s training data by the cell "
+                f"{source} / {variant} / seed {seed} once it has finished"]
     if dataset.download:
         spec = dict(dataset.download)
         name = spec.get("dataset", "multi30k")
@@ -89,9 +93,8 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
         experiment.out = Path(out)
     root = experiment.out
     log(f"grid {experiment.name}: {len(experiment.datasets)} dataset(s) x "
-        f"{len(experiment.variants)} variant(s) x {len(experiment.seeds)} seed(s) = "
-        f"{len(experiment.datasets) * len(experiment.variants) * len(experiment.seeds)} "
-        f"cells -> {root}")
+        f"{len(experiment.variants)} variant(s) x {len(experiment.seeds)} seed(s): "
+        f"{len(experiment.cells())} cells -> {root}")
     plan = {"name": experiment.name, "out": str(root), "datasets": {}, "cells": []}
     for dataset in experiment.datasets:
         notes = _dataset_notes(dataset, root)
@@ -100,6 +103,8 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
             f"{dataset.vocab_size}{' joint' if dataset.joint else ''}): {'; '.join(notes)}")
         sizes: dict[str, dict] = {}
         for variant in experiment.variants:
+            if not variant.runs_on(dataset.name):
+                continue
             for seed in experiment.seeds:
                 known = sizes.get(variant.name, {}).get("parameters")
                 cell = _cell_plan(Cell(experiment, dataset, variant, seed), root, known)

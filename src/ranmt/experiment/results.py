@@ -98,9 +98,10 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
     (written by any worker), and a comparison against each of ``extra_baselines``
     (:func:`write_comparison`)."""
     cells = [cell.result() for cell in grid if cell.finished]
+    by_name = {dataset.name: dataset for dataset in experiment.datasets}
     for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
-        if any(c["dataset"] == dataset.name for c in cells):
-            prepare_once(dataset, experiment.out, log)
+        if any(c["dataset"] == dataset.name for c in cells):  # (their references)
+            prepare_once(by_name[dataset.references_from], experiment.out, log)
     for baseline in extra_baselines or []:
         write_comparison(experiment, cells, baseline, log)
     markdown, results = build_tables(experiment, cells)

@@ -35,6 +35,27 @@ class Dataset:
     model_type: str = "bpe"
     max_positions: int = 256
     task: str = "translation"
+    distill: dict | None = None
+    """A distilled dataset: ``{teacher: {dataset, variant, seed}, decode: {...},
+    chunk_lines, max_ratio, max_repeats}`` — the teacher cell's translations of its
+    dataset's training split (``ranmt distill``), encoded with the teacher's SentencePiece
+    models, its valid and test splits with their references (``cells.prepare_distilled``).
+    The teacher's dataset comes earlier in the grid."""
+
+    @property
+    def references_from(self) -> str:
+        """The dataset whose prepared test references score this one's cells: its own, or
+        for a distilled dataset its teacher's (the same references, copied), which a fresh
+        clone can prepare without the teacher's checkpoint."""
+        return self.teacher_cell()[0] if self.distill is not None else self.name
+
+    def teacher_cell(self) -> tuple[str, str, int]:
+        """(dataset, variant, seed) of the teacher of a distilled dataset."""
+        teacher = (self.distill or {}).get("teacher") or {}
+        missing = sorted({"dataset", "variant", "seed"} - set(teacher))
+        if missing:
+            raise ConfigError(f"dataset {self.name}: distill.teacher needs {missing}")
+        return str(teacher["dataset"]), str(teacher["variant"]), int(teacher["seed"])
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,11 @@ class Variant:
 
     name: str
     overrides: dict = field(default_factory=dict)
+    datasets: tuple[str, ...] | None = None
+    """The datasets this variant runs on (None: every dataset of the grid)."""
+
+    def runs_on(self, dataset: str) -> bool:
+        return self.datasets is None or dataset in self.datasets
 
 
 @dataclass
@@ -69,7 +95,7 @@ class Experiment:
         """Every cell of the grid, seed-major: every variant's first seed comes before any
         second seed, so that a grid cut short still compares every variant."""
         return [Cell(self, d, v, s) for d in self.datasets for s in self.seeds
-                for v in self.variants]
+                for v in self.variants if v.runs_on(d.name)]
 
     def cell_dir(self, dataset: str, variant: str, seed: int) -> Path:
         """A cell's folder (cell.json, hypotheses, train.log) by names."""
@@ -197,11 +223,19 @@ def load_experiment(path: str | Path) -> Experiment:
     names = [v.get("name") if isinstance(v, dict) else None for v in raw["variants"]]
     if len(set(names)) != len(names) or None in names:
         raise ConfigError(f"{path}: every variant needs a unique name")
+    dataset_names = [d.name for d in datasets]
     for entry in raw["variants"]:
-        if set(entry) - {"name", "overrides"}:
+        if set(entry) - {"name", "overrides", "datasets"}:
             raise ConfigError(f"{path}: variant {entry['name']}: unknown key(s) "
-                              f"{sorted(set(entry) - {'name', 'overrides'})}; a variant has "
-                              "a name and overrides")
+                              f"{sorted(set(entry) - {'name', 'overrides', 'datasets'})}; a "
+                              "variant has a name, overrides and optionally datasets")
+        if "datasets" in entry:
+            unknown = sorted(set(entry["datasets"]) - set(dataset_names))
+            if unknown:
+                raise ConfigError(f"{path}: variant {entry['name']}: datasets {unknown} are "
+                                  f"not in the grid ({dataset_names})")
+            entry["datasets"] = tuple(entry["datasets"])
+    _check_teachers(path, datasets, raw["variants"])
     baseline = raw.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"{path}: baseline '{baseline}' is not one of the variants {names}")
@@ -212,6 +246,27 @@ def load_experiment(path: str | Path) -> Experiment:
         overrides=dict(raw.get("overrides", {})), decode=dict(raw.get("decode", {})),
         bootstrap_samples=int(raw.get("bootstrap_samples", 1000)),
         alpha=float(raw.get("alpha", 0.05)), path=path)
+
+
+def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -> None:
+    """Every distilled dataset's teacher is a cell of the grid on an earlier dataset."""
+    seen: list[str] = []
+    for dataset in datasets:
+        if dataset.distill is not None:
+            unknown = sorted(set(dataset.distill) - {"teacher", "decode", "chunk_lines",
+                                                     "max_ratio", "max_repeats"})
+            if unknown:
+                raise ConfigError(f"{path}: dataset {dataset.name}: unknown distill key(s) "
+                                  f"{unknown}")
+            source, variant, _ = dataset.teacher_cell()
+            if source not in seen:
+                raise ConfigError(f"{path}: dataset {dataset.name} is distilled from dataset "
+                                  f"'{source}', which must come before it in the grid")
+            entry = next((v for v in variants if v.get("name") == variant), None)
+            if entry is None or source not in entry.get("datasets", (source,)):
+                raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
+                                  f"'{variant}' does not run on dataset '{source}'")
+        seen.append(dataset.name)
 
 
 def git_commit() -> str | None:

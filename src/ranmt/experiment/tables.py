@@ -85,7 +85,7 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
     present = [n for n, cells in by_variant.items() if cells]
     scores = {name: {metric: {c["seed"]: c["tests"][test][metric] for c in by_variant[name]}
                      for metric in metrics} for name in present}
-    refs = raw_text(Path(experiment.out) / "data" / dataset.name, test, "tgt")
+    refs = raw_text(Path(experiment.out) / "data" / dataset.references_from, test, "tgt")
     base_cells = {c["seed"]: c for c in by_variant.get(experiment.baseline, [])}
     comparisons: dict = {}
     variants = {name: by_variant[name] for name in present if name != experiment.baseline}

@@ -257,6 +257,9 @@ class Translator:
         draws one sample per added line (add a line ``nbest`` times, each with the
         generator of :func:`line_generator`)."""
         d = decode_with(self.decode_config, **decode_overrides)
+        if d.shortlist:
+            raise ValueError("decode.shortlist is not supported by step-level batching yet "
+                             "(each line would need its own output vocabulary)")
         self.model.eval()
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
@@ -36,24 +35,11 @@ from ranmt.inference.decode import search
 from ranmt.inference.quantize import quantize_model
 from ranmt.inference.shortlist import RestrictedOutput, build_shortlist
 from ranmt.model import build_model
+from ranmt.runtime.precision import cpu_description
 
 DECODERS = {"TransF": "transf", "RAN-D": "ran-d", "AAN": "aan-d", "SSRU": "ssru-d"}
 SETTINGS = {"deployed": {"beam": 1, "batch": 32, "threads": 1},
             "usual": {"beam": 4, "batch": 100, "threads": 2}}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (and family/model numbers, which tell Zen generations apart)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.machine()
-    return (f"{fields.get('model name', platform.machine())} (family {fields.get('cpu family')}"
-            f", model {fields.get('model')})")
 
 
 def build(data: str, preset: str, arch: str, quantize: str):
@@ -96,7 +82,7 @@ def run(args) -> dict:
                                                                   args.sentences))]
     shortlist = build_shortlist(args.data, args.k, args.frequent)
     models = systems(args.data, shortlist)
-    report: dict = {"machine": cpu_name(),
+    report: dict = {"machine": cpu_description(),
                     "torch": torch.__version__, "fixed_length": args.fixed_length,
                     "sentences": len(sources), "shortlist": {"k": args.k,
                                                              "frequent": args.frequent},

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 from torch import Tensor
 
 from ranmt.data.corpus import load_split
@@ -69,11 +69,9 @@ class Shortlist:
     def load(cls, path: str | Path) -> Shortlist:
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="numpy") as handle:
-            metadata = handle.metadata() or {}
-        tensors = load_file(str(path))
-        return cls(tensors["candidates"], tensors["frequent"],
-                   int(metadata["target_vocab_size"]))
+        with safe_open(str(path), framework="numpy") as handle:  # one read: tensors + metadata
+            return cls(handle.get_tensor("candidates"), handle.get_tensor("frequent"),
+                       int((handle.metadata() or {})["target_vocab_size"]))
 
 
 class RestrictedOutput:

@@ -3,9 +3,11 @@
 Fill = real tokens (EOS included, both sides) / slots (sentences x padded length, both
 sides), over one epoch's plan (:func:`ranmt.data.batching.make_batches`), for the plain plan
 (sorted by target length: ``data.pool_batches=0``), pools of 2 / 4 / 8 batches
-(``data.pool_batches``) and shape buckets (``data.shape_buckets``, both sides padded to the
-bucket), at several ``max_tokens``; also the mean tokens a batch holds against
-``max_tokens`` (``budget``: how full the steps are).
+(``data.pool_batches``), shape buckets (``data.shape_buckets``, both sides padded to the
+bucket) and 8 / 16 / 24 (source, target) shapes chosen from the corpus's lengths
+(``data.auto_shape_buckets``: each side padded to its own length), at several
+``max_tokens``; also the mean tokens a batch holds against ``max_tokens`` (``budget``: how
+full the steps are).
 
 Corpora: Multi30k's training lengths (subwords of a prepared data directory, ``--data``; else
 whitespace words of ``$RANMT_DATA_DIR/multi30k/train.*.gz``, said so in the output), and a
@@ -26,17 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ranmt.data.batching import ShapeBuckets, make_batches, padding_share
+from ranmt.data.shapes import choose_shapes, wmt_like_lengths
 
 BUCKETS = (16, 24, 32, 48, 64, 96, 128, 256)
-
-
-def wmt_like_lengths(pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(source, target) lengths (without EOS) of ``pairs`` synthetic news-like sentences."""
-    rng = np.random.default_rng(seed)
-    src = np.clip(np.round(rng.lognormal(np.log(25), 0.6, pairs)), 1, 250).astype(np.int64)
-    ratio = rng.lognormal(0.05, 0.15, pairs)
-    tgt = np.clip(np.round(src * ratio + rng.normal(0, 1.5, pairs)), 1, 250).astype(np.int64)
-    return src, tgt
 
 
 def multi30k_lengths(data: str | None) -> tuple[np.ndarray, np.ndarray, str]:
@@ -57,7 +51,13 @@ def multi30k_lengths(data: str | None) -> tuple[np.ndarray, np.ndarray, str]:
 
 
 def fill_row(src: np.ndarray, tgt: np.ndarray, max_tokens: int, plan: str) -> str:
-    buckets = ShapeBuckets(BUCKETS, max_tokens) if plan == "buckets" else None
+    buckets = None
+    if plan == "buckets":
+        buckets = ShapeBuckets(BUCKETS, max_tokens)
+    elif plan.startswith("chosen"):
+        buckets = ShapeBuckets(choose_shapes(src + 1, tgt + 1, int(plan.split()[1]),
+                                             max_tokens), max_tokens)
+        plan = f"{plan} ({len(buckets)} shapes)"
     pool = int(plan.removeprefix("pool ")) if plan.startswith("pool") else 0
     batches = make_batches(src, tgt, max_tokens, seed=1, noise=0.5, buckets=buckets, pool=pool)
     fill = 1 - padding_share(batches, src, tgt, buckets)
@@ -78,7 +78,8 @@ def main() -> None:
         print(f"\n{name}: mean length {src.mean():.1f} / {tgt.mean():.1f}")
         print("| max_tokens | plan | fill | batches | budget |\n|---|---|---|---|---|")
         for max_tokens in args.max_tokens:
-            for plan in ("plain", "pool 2", "pool 4", "pool 8", "buckets"):
+            for plan in ("plain", "pool 2", "pool 4", "pool 8", "buckets", "chosen 8",
+                         "chosen 16", "chosen 24"):
                 print(fill_row(src, tgt, max_tokens, plan))
 
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
             buckets = ShapeBuckets(lengths, max_tokens, max_positions=args.max_positions)
             batches = make_batches(src_lens, tgt_lens, max_tokens, seed=1, noise=0.5,
                                    buckets=buckets)
-            shapes = {buckets.shape(int(max(src_lens[b].max(), tgt_lens[b].max())) + 1)
+            shapes = {buckets.batch_shape(int(src_lens[b].max()) + 1, int(tgt_lens[b].max()) + 1)
                       for b in batches}
             padded = padding_share(batches, src_lens, tgt_lens, buckets)
             bare = padding_share(plain, src_lens, tgt_lens)

@@ -169,6 +169,10 @@ class DataConfig:
     smallest of these lengths that holds it, its sentences to max_tokens // that length
     (e.g. [16,24,32,48,64,96,128]; empty = off). One compiled graph per shape for
     train.compile (compiled with dynamic=False then); the padding is in the log."""
+    auto_shape_buckets: int = 0
+    """Instead of data.shape_buckets: this many (source length, target length) shapes chosen
+    from the training corpus's lengths (greedily, fewest padding slots; each side padded to
+    its own length), e.g. 16; 0 = off. The shapes chosen are in the log."""
 
 
 @dataclass
@@ -592,6 +596,11 @@ def validate(cfg: Config) -> None:
     if any(length < 2 for length in buckets) or list(buckets) != sorted(set(buckets)):
         raise ConfigError("data.shape_buckets must be increasing lengths >= 2 (tokens per "
                           f"side, EOS included), not {list(buckets)}")
+    if cfg.data.auto_shape_buckets < 0:
+        raise ConfigError("data.auto_shape_buckets must be >= 0 (0 = off)")
+    if buckets and cfg.data.auto_shape_buckets:
+        raise ConfigError("data.shape_buckets and data.auto_shape_buckets exclude each other: "
+                          "give the lengths or let the trainer choose them, not both")
 
 
 def _validate_variants(m: ModelConfig) -> None:

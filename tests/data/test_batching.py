@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ranmt.data.batching import collate, make_batches, padding_share
+from ranmt.data.shapes import wmt_like_lengths
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
@@ -184,19 +185,9 @@ def test_batch_from_split_equals_per_row_collation(tmp_path, stored, shaped):
     assert batch.indices is indices
 
 
-def _wmt_like(pairs: int, seed: int = 0):
-    """Source lengths log-normal around 25 (news-like), targets a noisy ratio of them
-    (benchmarks/batch_fill.py draws its synthetic corpus the same way)."""
-    rng = np.random.default_rng(seed)
-    src = np.clip(np.round(rng.lognormal(np.log(25), 0.6, pairs)), 1, 250).astype(np.int64)
-    tgt = np.clip(np.round(src * rng.lognormal(0.05, 0.15, pairs) + rng.normal(0, 1.5, pairs)),
-                  1, 250).astype(np.int64)
-    return src, tgt
-
-
 @pytest.mark.parametrize("pool", [2, 8])
 def test_pools_cover_every_example_once_within_budget_and_never_span_two_pools(pool):
-    src, tgt = _wmt_like(3000, seed=1)
+    src, tgt = wmt_like_lengths(3000, seed=1)
     batches = make_batches(src, tgt, max_tokens=2000, seed=1, epoch=0, noise=0.5, pool=pool)
     assert sorted(np.concatenate(batches).tolist()) == list(range(3000))
     for batch in batches:
@@ -210,7 +201,7 @@ def test_pools_fill_ninety_percent_of_the_slots_where_one_sort_does_not():
     """WMT-like lengths at 25,000 tokens a batch: one sort by target length leaves the source
     side ragged (fill under 80%); pools of 8 batches sorted again by source length fill more
     than 90% of the slots of both sides."""
-    src, tgt = _wmt_like(60000)
+    src, tgt = wmt_like_lengths(60000)
     plain = 1 - padding_share(make_batches(src, tgt, 25000, seed=1, noise=0.5), src, tgt)
     pooled = 1 - padding_share(make_batches(src, tgt, 25000, seed=1, noise=0.5, pool=8),
                                src, tgt)

@@ -6,56 +6,28 @@ from lengths sorted with a little noise and visited in a shuffled order that dep
 on ``(seed, epoch)``: the position inside an epoch (its batch index) is all that is
 needed to resume exactly.
 
-Static shapes (:class:`ShapeBuckets`): a compiled training step recompiles for every new
-batch shape, and a CUDA graph replays one shape only. With shape buckets a batch's width
-is rounded up to the smallest bucket length that holds it when batches are formed, and the
-batch is padded to ``(max_tokens // length, length)`` on both sides: as many shapes as
-buckets. Padding rows are a lone EOS on the source side (no fully masked attention row)
-and PAD targets, so they add nothing to the loss or the gradients.
+Static shapes (:class:`ranmt.data.shapes.ShapeBuckets`): a compiled training step
+recompiles for every new batch shape, and a CUDA graph replays one shape only. With shape
+buckets every example goes to a shape ``(S, T)`` when batches are formed, a batch holds one
+shape's examples and is padded to ``(max_tokens // max(S, T), S)`` on the source side and
+``(same rows, T)`` on the target side: as many shapes as buckets. Padding rows are a lone
+EOS on the source side (no fully masked attention row) and PAD targets, so they add
+nothing to the loss or the gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ranmt.data.corpus import concatenated, gather
+from ranmt.data.shapes import ShapeBuckets
 from ranmt.data.vocab import BOS, EOS, PAD
 
-
-class ShapeBuckets:
-    """The (sentences, length) shapes training batches are padded to: a width (tokens per
-    side, EOS included) goes to the smallest bucket length that holds it, capped at
-    ``max_positions`` (the model's limit, which truncation keeps every batch within); a
-    length of L holds ``max_tokens // L`` sentences (at most ``max_sentences`` when set)."""
-
-    def __init__(self, lengths: Sequence[int], max_tokens: int, max_sentences: int = 0,
-                 max_positions: int | None = None):
-        lengths = sorted(set(int(length) for length in lengths))
-        if not lengths or lengths[0] < 1:
-            raise ValueError(f"shape buckets need positive lengths, not {lengths}")
-        if max_positions is not None:
-            lengths = [length for length in lengths if length < max_positions] + [max_positions]
-        self.lengths = np.array(lengths, dtype=np.int64)
-        self.max_tokens, self.max_sentences = max_tokens, max_sentences
-
-    def widths(self, widths: np.ndarray) -> np.ndarray:
-        """Bucketed widths (vectorised); a width beyond the largest bucket stays as it is."""
-        widths = np.asarray(widths, dtype=np.int64)
-        where = np.searchsorted(self.lengths, widths)  # first bucket >= width
-        inside = where < len(self.lengths)
-        return np.where(inside, self.lengths[np.minimum(where, len(self.lengths) - 1)], widths)
-
-    def shape(self, width: int) -> tuple[int, int]:
-        """(sentences, length) of a batch whose widest side is ``width`` tokens."""
-        length = int(self.widths(np.array([width]))[0])
-        rows = max(1, self.max_tokens // length)
-        return (min(rows, self.max_sentences) if self.max_sentences else rows), length
-
-
+__all__ = ["Batch", "BatchPrefetcher", "ShapeBuckets", "batch_from_split", "collate",
+           "make_batches", "pad_sources", "padding_share", "rank_plan"]
 
 
 def padding_share(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray,
@@ -71,8 +43,8 @@ def padding_share(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.
         if buckets is None:
             slots += len(indices) * int(src.max() + tgt.max())
         else:
-            rows, length = buckets.shape(int(max(src.max(), tgt.max())))
-            slots += 2 * rows * length
+            rows, src_length, tgt_length = buckets.batch_shape(int(src.max()), int(tgt.max()))
+            slots += rows * (src_length + tgt_length)
     return 1 - real / max(slots, 1)
 
 
@@ -93,10 +65,10 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     cut into batches: a batch then holds sentences close in length on both sides, not on
     the target side alone (fill 80% -> 95% of the slots on Multi30k at 4,096 tokens, 79% ->
     96% on WMT-like lengths at 25,000 with pools of 8: ``benchmarks/batch_fill.py``). With
-    ``buckets`` the examples are ordered by bucketed width (then source length, noise as
-    above) and cut on bucketed widths, so every batch holds one bucket's examples and fits
-    its padded shape. Vectorised: one pass of numpy operations per batch over a window no
-    longer than the batch can be, never a Python loop over the examples
+    ``buckets`` the examples are ordered by their shape (then source length, noise as
+    above) and each shape's run is cut into batches of its ``rows``, so every batch holds
+    one shape's examples and fits it. Vectorised: one pass of numpy operations per batch
+    over a window no longer than the batch can be, never a Python loop over the examples
     (:func:`_greedy_cuts`).
     """
     src_lens = np.asarray(src_lens) + 1  # + EOS
@@ -108,21 +80,28 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
     jitter = rng.uniform(0, noise, count) if (rng is not None and noise > 0) else 0.0
     if buckets is None:
         order = _length_order(src_lens, tgt_lens, jitter)
-        if pool > 0:
-            order, starts = _reorder_pools(order, src_lens, tgt_lens, pool * max_tokens, rng)
         widths = np.maximum(src_lens, tgt_lens)[order]
-        if pool > 0:
-            cuts = []  # batches never span two pools
-            for start, end in zip(starts[:-1], starts[1:]):
-                cuts.extend([start] if start else [])
-                cuts.extend(start + cut for cut in _greedy_cuts(widths[start:end], max_tokens,
-                                                                max_sentences))
-            return _shuffled(np.split(order, cuts), rng)
-    else:  # by bucket first, so that a batch holds one bucket's examples
-        bucketed = buckets.widths(np.maximum(src_lens, tgt_lens))
-        order = _length_order(src_lens, bucketed, jitter)
-        widths = bucketed[order]
-    return _shuffled(np.split(order, _greedy_cuts(widths, max_tokens, max_sentences)), rng)
+        if pool <= 0:
+            return _shuffled(np.split(order, _greedy_cuts(widths, max_tokens, max_sentences)),
+                             rng)
+        order, starts = _reorder_pools(order, src_lens, tgt_lens, pool * max_tokens, rng)
+        widths = np.maximum(src_lens, tgt_lens)[order]
+    else:  # by shape first, so that a batch holds one shape's examples
+        shape = buckets.assign(src_lens, tgt_lens)  # (N,) -1: no shape holds it
+        own = np.maximum(buckets._capped(src_lens), buckets._capped(tgt_lens))
+        key = np.where(shape >= 0, shape, len(buckets) + own)  # one run per shape
+        order = _length_order(src_lens, key * (int(np.ceil(noise)) + 1), jitter)
+        # a batch's width is its shape's longer side: runs cut into batches of its rows
+        shape, key = shape[order], key[order]
+        longer = buckets.shapes.max(axis=1)
+        widths = np.where(shape >= 0, longer[np.maximum(shape, 0)], own[order])
+        starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1, count]
+    cuts = []  # batches never span two runs (pools, shapes)
+    for start, end in zip(starts[:-1], starts[1:]):
+        cuts.extend([start] if start else [])
+        cuts.extend(start + cut for cut in _greedy_cuts(widths[start:end], max_tokens,
+                                                        max_sentences))
+    return _shuffled(np.split(order, cuts), rng)
 
 
 def _shuffled(batches: list[np.ndarray], rng: np.random.Generator | None) -> list[np.ndarray]:
@@ -273,6 +252,7 @@ def _place(out: np.ndarray, flat: np.ndarray, lengths: np.ndarray, first: int) -
 
 def _sources(flat: np.ndarray, lengths: np.ndarray,
              shape: tuple[int, int] | None = None) -> torch.Tensor:
+    """(rows, width) tensor of sources + EOS; extra rows of ``shape`` a lone EOS."""
     rows, width = _frame(lengths, shape)
     out = np.full((rows, width), PAD, dtype=np.int64)  # on the host
     out[len(lengths):, 0] = EOS
@@ -299,26 +279,38 @@ def _frame(lengths: np.ndarray, shape: tuple[int, int] | None) -> tuple[int, int
     return shape
 
 
+def _side_shapes(shape: tuple[int, ...] | None
+                 ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """((rows, S), (rows, T)) of a batch shape given as (rows, length) or (rows, S, T)."""
+    if shape is None:
+        return None, None
+    rows, *lengths = shape
+    src_length, tgt_length = (lengths[0], lengths[0]) if len(lengths) == 1 else lengths
+    return (rows, src_length), (rows, tgt_length)
+
+
 def _collate_flat(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray],
-                  indices: np.ndarray, shape: tuple[int, int] | None = None) -> Batch:
+                  indices: np.ndarray, shape: tuple[int, ...] | None = None) -> Batch:
     """:func:`collate` of sentences given as (tokens concatenated, lengths) per side."""
+    src_shape, tgt_shape = _side_shapes(shape)
     flat, lengths = tgt
-    rows, width = _frame(lengths, shape)
+    rows, width = _frame(lengths, tgt_shape)
     tgt_in = np.full((rows, width), PAD, dtype=np.int64)  # BOS, sentence, PAD...
     tgt_out = np.full((rows, width), PAD, dtype=np.int64)  # sentence, EOS, PAD...
     tgt_in[:, 0] = BOS
     _place(tgt_in, flat, lengths, 1)
     _place(tgt_out, flat, lengths, 0)
     tgt_out[np.arange(len(lengths)), lengths] = EOS
-    return Batch(_sources(*src, shape), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+    return Batch(_sources(*src, src_shape), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
                  indices, src_tokens=int(src[1].sum()) + len(src[1]),
                  tgt_tokens=int(lengths.sum()) + len(lengths))
 
 
 def collate(src: list[np.ndarray], tgt: list[np.ndarray], indices: np.ndarray,
-            shape: tuple[int, int] | None = None) -> Batch:
-    """Padded tensors of a batch; with ``shape`` (rows, length) both sides padded to it (the
-    extra rows: a lone EOS source, BOS then PAD target input, PAD target output)."""
+            shape: tuple[int, ...] | None = None) -> Batch:
+    """Padded tensors of a batch; with ``shape`` (rows, length) both sides padded to it, with
+    (rows, S, T) the source to S and the target to T (the extra rows: a lone EOS source, BOS
+    then PAD target input, PAD target output)."""
     return _collate_flat(concatenated(src), concatenated(tgt), indices, shape)
 
 
@@ -330,8 +322,8 @@ def batch_from_split(split, indices: np.ndarray, max_positions: int | None = Non
     src, tgt = gather(split.src, indices, limit), gather(split.tgt, indices, limit)
     if buckets is None:
         return _collate_flat(src, tgt, indices)
-    width = int(max(src[1].max(initial=0), tgt[1].max(initial=0))) + 1
-    return _collate_flat(src, tgt, indices, shape=buckets.shape(width))
+    shape = buckets.batch_shape(int(src[1].max(initial=0)) + 1, int(tgt[1].max(initial=0)) + 1)
+    return _collate_flat(src, tgt, indices, shape=shape)
 
 
 class BatchPrefetcher:

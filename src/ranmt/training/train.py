@@ -58,6 +58,7 @@ from ranmt.data.corpus import (
     load_split,
     raw_text,
 )
+from ranmt.data.shapes import choose_shapes
 from ranmt.data.vocab import Vocab
 from ranmt.evaluate import score
 from ranmt.inference.translator import Translator
@@ -225,7 +226,7 @@ def compiled_forward_loss(t, buckets: ShapeBuckets | None, distributed: bool):
     if not t.compile:
         return teacher_forced_loss
     if buckets is not None:
-        allow_recompiles(len(buckets.lengths) + 1)
+        allow_recompiles(len(buckets) + 1)
     return torch.compile(teacher_forced_loss, mode=t.compile_mode, fullgraph=not distributed,
                          dynamic=False if buckets is not None else None)
 
@@ -297,10 +298,6 @@ class TrainingRun:
         if self.ctx.enabled:
             self.step_model = self.ddp_model = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
-        data = cfg.data
-        self.buckets = ShapeBuckets(data.shape_buckets, data.max_tokens, data.max_sentences,
-                                    cfg.model.max_positions) if data.shape_buckets else None
-        self.forward_loss = compiled_forward_loss(self.t, self.buckets, self.ctx.enabled)
         t = self.t
         self.deferred = self._reads_deferred()
         fused = bool(self.policy.fused_optimizer or self.deferred)
@@ -390,6 +387,8 @@ class TrainingRun:
                                        SubsetSequences(train_split.tgt, keep))
             src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
         self.train_split, self.src_lens, self.tgt_lens = train_split, src_lens, tgt_lens
+        self.buckets = self._shape_buckets()
+        self.forward_loss = compiled_forward_loss(self.t, self.buckets, self.ctx.enabled)
         self.translator = None
         if cfg.train.validate_bleu:
             self.translator = Translator(self.model, cfg, Vocab(self.vocab_files["src"]),
@@ -412,6 +411,10 @@ class TrainingRun:
             + (f", resuming from {self.resume_from.name}" if self.resume_from else "")
             + (f", the host reads losses every {t.log_every} steps (train.host_reads=log)"
                if self.deferred else ""))
+        if self.cfg.data.auto_shape_buckets:
+            self.log.line(f"data.auto_shape_buckets: {len(self.buckets)} shapes chosen from the "
+                          "training lengths (sentences x source/target length): "
+                          f"{self.buckets.describe()}")
         if ctx.is_main:
             (self.run_dir / "parameters.json").write_text(json.dumps(self.params, indent=1))
         self.max_time = parse_duration(t.max_time)
@@ -482,10 +485,23 @@ class TrainingRun:
             self.epoch += 1
             self.batch_index = 0
 
+    def _shape_buckets(self) -> ShapeBuckets | None:
+        """data.shape_buckets as given, or data.auto_shape_buckets shapes chosen from the
+        training lengths (the same on every rank and at every resume: the data decide)."""
+        data, max_positions = self.cfg.data, self.cfg.model.max_positions
+        if data.auto_shape_buckets:
+            shapes = choose_shapes(self.src_lens + 1, self.tgt_lens + 1, data.auto_shape_buckets,
+                                   data.max_tokens, data.max_sentences, max_positions)
+        elif data.shape_buckets:
+            shapes = list(data.shape_buckets)
+        else:
+            return None
+        return ShapeBuckets(shapes, data.max_tokens, data.max_sentences, max_positions)
+
     def _log_shapes(self, batches: list) -> None:
         """The epoch's batch shapes and their padding (shape buckets)."""
-        shapes = {self.buckets.shape(int(max(self.src_lens[b].max(), self.tgt_lens[b].max()))
-                                     + 1) for b in batches}
+        shapes = {self.buckets.batch_shape(int(self.src_lens[b].max()) + 1,
+                                           int(self.tgt_lens[b].max()) + 1) for b in batches}
         padded = padding_share(batches, self.src_lens, self.tgt_lens, self.buckets)
         data, t = self.cfg.data, self.t
         plain = padding_share(make_batches(self.src_lens, self.tgt_lens, data.max_tokens,
@@ -493,7 +509,7 @@ class TrainingRun:
                                            noise=data.bucket_noise, pool=data.pool_batches),
                               self.src_lens, self.tgt_lens)
         self.log.line(f"epoch {self.epoch + 1}: {len(batches)} batches in {len(shapes)} "
-                      f"shapes (data.shape_buckets), padding {padded:.1%} of the batch slots "
+                      f"shapes (shape buckets), padding {padded:.1%} of the batch slots "
                       f"({plain:.1%} without buckets)")
 
     def optimizer_step(self, group: list, prefetcher: BatchPrefetcher) -> bool:

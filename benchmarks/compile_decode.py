@@ -54,7 +54,7 @@ def _decode(model, batches, args) -> tuple[list, float, int]:
     """(best hypothesis per sentence, seconds, generated tokens incl. EOS)."""
     start = time.perf_counter()
     hyps = [h[0] for src in batches
-            for h in search(model, src, args.beam, fixed_length=args.fixed_length)]
+            for h in search(model, src, beam=args.beam, fixed_length=args.fixed_length)]
     return hyps, time.perf_counter() - start, sum(len(tokens) + 1 for tokens, _ in hyps)
 
 

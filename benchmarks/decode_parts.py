@@ -80,11 +80,11 @@ def measure(arch: str, precision: str, sentences: int, source_length: int, repea
     saved = _instrument(model, totals)
     try:
         for _ in range(2):
-            decode.beam_search(model, src, beam, fixed_length=fixed_length)
+            decode.beam_search(model, src, beam=beam, fixed_length=fixed_length)
         totals.clear()
         start = time.perf_counter()
         for _ in range(repeats):
-            decode.beam_search(model, src, beam, fixed_length=fixed_length)
+            decode.beam_search(model, src, beam=beam, fixed_length=fixed_length)
         seconds = (time.perf_counter() - start) / repeats
     finally:
         for owner, attribute, function in saved:

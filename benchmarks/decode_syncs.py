@@ -58,7 +58,7 @@ def syncs_per_step(model, src, beam: int, length: int, options: dict) -> tuple[f
     counts = []
     for fixed in (length, 2 * length):
         with SyncCounter() as counter:
-            search(model, src, beam, fixed_length=fixed, **options)
+            search(model, src, beam=beam, fixed_length=fixed, **options)
         counts.append(counter.total)
     per_step = (counts[1] - counts[0]) / length
     return per_step, round(counts[0] - per_step * (length + 1))
@@ -77,7 +77,7 @@ def speeds(model, batches, beam: int, fixed_length: int | None, table: dict, rep
             start = time.perf_counter()
             produced = 0
             for src in batches:
-                results = search(model, src, beam, fixed_length=fixed_length, **table[name])
+                results = search(model, src, beam=beam, fixed_length=fixed_length, **table[name])
                 produced += sum(len(hyps[0][0]) + 1 for hyps in results)
             synchronize(device)
             if repeat:

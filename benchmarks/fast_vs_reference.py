@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                 previous = packed.set_enabled(onednn)
                 start = time.perf_counter()
                 for src in batches:
-                    search(model, src, args.beam, fixed_length=args.fixed_length,
+                    search(model, src, beam=args.beam, fixed_length=args.fixed_length,
                            reference=reference)
                 if repeat:
                     seconds[name].append(time.perf_counter() - start)

@@ -151,7 +151,7 @@ def decode_rows(args) -> list[dict]:
         src = src.to(device)
 
         def ours(src=src):
-            return search(model, src, args.beam, fixed_length=args.decode_length)
+            return search(model, src, beam=args.beam, fixed_length=args.decode_length)
 
         def theirs(src=src):  # new tokens: the fixed length, then the EOS Marian forces
             return marian.generate(input_ids=src, attention_mask=src.ne(PAD_ID),

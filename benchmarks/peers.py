@@ -88,7 +88,8 @@ def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int
     model = translator.model.eval()
 
     def run(batch: list[list[int]]) -> list[list[int]]:
-        hyps = search(model, pad_sources(batch), beam, lenpen, "fairseq", 0.0, max_len, 1,
+        hyps = search(model, pad_sources(batch), beam=beam, lenpen=lenpen, lenpen_style="fairseq",
+                      max_len_a=0.0, max_len_b=max_len, nbest=1,
                       fixed_length=fixed_length)
         return [h[0][0] for h in hyps]
 

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         name = f"{cfg.model.arch} {precision}:{checkpoint}"
 
         def decode(src, model=model):
-            return search(model, src, args.beam, 0.6, "gnmt", 1.2, 10, 1,
+            return search(model, src, beam=args.beam, lenpen=0.6, lenpen_style="gnmt",
+                          max_len_a=1.2, max_len_b=10, nbest=1,
                           fixed_length=args.fixed_length, reference=args.reference)
 
         with torch.inference_mode():

@@ -120,6 +120,7 @@ def test_speeds_are_the_work_done_over_the_time_taken(monkeypatch):
     for batch in benchmark.make_batches(lengths, lengths, 10 ** 9, 2):  # as decode_speed
         src = benchmark.pad_sources([sources[i] for i in batch])
         d = cfg.decode
-        hyps = search(model, src, 3, d.lenpen, d.lenpen_style, d.max_len_a, d.max_len_b, 1)
+        hyps = search(model, src, beam=3, lenpen=d.lenpen, lenpen_style=d.lenpen_style,
+                      max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=1)
         expected += sum(len(h[0][0]) + 1 for h in hyps)
     assert (tokens_per_s, sentences_per_s) == (expected / 2.0, len(sources) / 2.0)

@@ -174,3 +174,62 @@ def test_decoding_defaults_are_declared_once(runs, reverse_data, tmp_path, trans
     with pytest.raises(SystemExit):
         _translate(beam2, source, tmp_path, "--nbest", "3")
     assert "decode.nbest must be between 1 and decode.beam (2)" in capsys.readouterr().err
+
+
+def test_a_decoding_option_declared_once_reaches_the_cli_the_api_and_the_server(
+        runs, translators, monkeypatch):
+    """A field added to DecodeConfig with decode_option (here by the test) is, with no other
+    code: a flag of `ranmt translate` and `ranmt evaluate` with its help, a keyword of the
+    Python API checked against its bounds, and a field of POST /translate in /openapi.json
+    with its default, bounds and help, whose value reaches the translator's decoding."""
+    import argparse
+    import dataclasses
+
+    from fastapi.testclient import TestClient
+
+    import ranmt.inference.translator as translator_module
+    from ranmt import config
+    from ranmt.cli import build_parser
+    from ranmt.config import ConfigError
+    from ranmt.serving.app import ServeLimits, create_app
+
+    help_text = "a bonus per covered source word (declared by the test)"
+    added = dataclasses.make_dataclass("DecodeConfig", [(
+        "coverage_bonus", float, config.decode_option(0.0, help_text, ge=0, served=True))],
+        bases=(config.DecodeConfig,))
+    monkeypatch.setattr(config, "DecodeConfig", added)
+
+    commands = next(action for action in build_parser()._actions
+                    if isinstance(action, argparse._SubParsersAction)).choices
+    for command in ("translate", "evaluate"):
+        helps = {action.dest: action.help for action in commands[command]._actions}
+        assert helps["coverage_bonus"].startswith(help_text), command
+    args = build_parser().parse_args(["translate", "--checkpoint", "x",
+                                      "--coverage-bonus", "0.5"])
+    assert args.coverage_bonus == 0.5
+
+    translator = Translator.load(runs["transf"], device="cpu", coverage_bonus=0.25)
+    assert translator.decode_config.coverage_bonus == 0.25
+    with pytest.raises(ConfigError, match="decode.coverage_bonus must be >= 0, not -1"):
+        Translator.load(runs["transf"], device="cpu", coverage_bonus=-1.0)
+
+    # What the translator's step-level decoder is given (a worker thread: in this process,
+    # where the test declared the field; a worker process would not know it).
+    seen = []
+    real_decoder = translator_module.ContinuousDecoder
+    monkeypatch.setattr(translator_module, "ContinuousDecoder",
+                        lambda model, options, **k: seen.append(options)
+                        or real_decoder(model, options, **k))
+    limits = ServeLimits(workers="thread", batch_window_ms=1)
+    with TestClient(create_app(translators, limits)) as client:
+        schema = client.get("/openapi.json").json()
+        answer = client.post("/translate", json={"text": ["a b c"], "coverage_bonus": 0.5})
+        refused = client.post("/translate", json={"text": ["a b c"], "coverage_bonus": -1.0})
+    request = next(schema["components"]["schemas"][name] for name in schema["components"]
+                   ["schemas"] if name.startswith("TranslateRequest"))["properties"]
+    field = request["coverage_bonus"]
+    assert field["default"] == 0.0 and field["minimum"] == 0
+    assert field["description"].startswith(help_text)
+    assert answer.status_code == 200, answer.text
+    assert seen and seen[0].coverage_bonus == 0.5
+    assert refused.status_code == 400 and "coverage_bonus" in refused.json()["error"]

@@ -97,12 +97,16 @@ def test_fast_search_equals_reference_on_cuda(arch):
     src = src.cuda()
     with torch.no_grad():
         for beam in (1, 4):
-            fast = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam)
-            reference = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam,
+            fast = search(model, src, beam=beam, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.2,
+                          max_len_b=6, nbest=beam)
+            reference = search(model, src, beam=beam, lenpen=0.6, lenpen_style="gnmt",
+                               max_len_a=1.2, max_len_b=6, nbest=beam,
                                reference=True)
             assert_same_hypotheses(fast, reference, 1e-4)
-        greedy = search(model, src, 1, 0.6, "gnmt", 1.2, 6)
-        on_cpu = search(model.cpu(), src.cpu(), 1, 0.6, "gnmt", 1.2, 6)
+        greedy = search(model, src, beam=1, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.2,
+                        max_len_b=6)
+        on_cpu = search(model.cpu(), src.cpu(), beam=1, lenpen=0.6, lenpen_style="gnmt",
+                        max_len_a=1.2, max_len_b=6)
     assert [hyps[0][0] for hyps in greedy] == [hyps[0][0] for hyps in on_cpu]
 
 
@@ -116,19 +120,19 @@ def test_sync_free_search_on_cuda_equals_shrinking_and_does_not_sync(arch):
     model = model.cuda()
     src = random_batch(batch=6, src_len=9, seed=2)[0].cuda()
     for beam in (1, 4):
-        assert_same_hypotheses(search(model, src, beam, nbest=beam),
-                               search(model, src, beam, nbest=beam, sync_free=False), 1e-4)
+        assert_same_hypotheses(search(model, src, beam=beam, nbest=beam),
+                               search(model, src, beam=beam, nbest=beam, sync_free=False), 1e-4)
         counts = []
         for length in (16, 48):
             with SyncCounter() as counter:
-                search(model, src, beam, fixed_length=length, check_every=64)
+                search(model, src, beam=beam, fixed_length=length, check_every=64)
             counts.append(counter.total)
         assert counts[0] == counts[1], counts  # no sync inside the 32 extra steps
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all", "hc-sa", "syn-r"])
 def test_cuda_graph_decoding_equals_eager(arch, monkeypatch):
-    """The search step recorded as a CUDA graph and replayed (``search(graphs=True)``)
+    """The search step recorded as a CUDA graph and replayed (``search(cuda_graphs=True)``)
     gives the eager sync-free search's hypotheses and scores, greedy and beam, and the
     graph was recorded (not an eager fallback)."""
     from ranmt.inference import graphs
@@ -147,8 +151,8 @@ def test_cuda_graph_decoding_equals_eager(arch, monkeypatch):
     for beam in (1, 4):
         for fixed in (None, 20):
             assert_same_hypotheses(
-                search(model, src, beam, nbest=beam, fixed_length=fixed, graphs=True),
-                search(model, src, beam, nbest=beam, fixed_length=fixed, sync_free=True),
+                search(model, src, beam=beam, nbest=beam, fixed_length=fixed, cuda_graphs=True),
+                search(model, src, beam=beam, nbest=beam, fixed_length=fixed, sync_free=True),
                 1e-4)
     # the eager searches (graphs=False) make steps too, with recording off
     recording = [step for step in made if step.record]

@@ -30,7 +30,7 @@ def test_max_lengths():
 def test_beam_one_equals_greedy(seed, arch):
     model, _ = tiny_model(seed=seed, **{"model.arch": arch})
     src, _ = random_batch(batch=4, seed=seed)
-    greedy = greedy_search(model, src, 1.0, 5)
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=5)
     beam = beam_search(model, src, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=5)
     assert [g[0][0] for g in greedy] == [b[0][0] for b in beam]
 
@@ -51,7 +51,7 @@ def test_beam_finds_at_least_greedy_model_score():
     """With alpha = 0 the beam's best log-probability is >= greedy's (beam explores more)."""
     model, _ = tiny_model(seed=3)
     src, _ = random_batch(batch=4, seed=3)
-    greedy = greedy_search(model, src, 1.0, 5)
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=5)
     beam = beam_search(model, src, beam=5, lenpen=0.0, max_len_a=1.0, max_len_b=5)
     for g, b in zip(greedy, beam):
         assert b[0][1] >= g[0][1] - 1e-4

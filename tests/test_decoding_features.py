@@ -58,9 +58,9 @@ def _prefix_tensor(prefixes: list[list[int]]) -> torch.Tensor:
 def test_greedy_with_its_own_prefix_is_greedy(arch):
     model, _ = tiny_model(seed=1, **{"model.arch": arch})
     src, _ = random_batch(batch=4, seed=1)
-    free = greedy_search(model, src, 1.0, 5)
+    free = greedy_search(model, src, max_len_a=1.0, max_len_b=5)
     prefixes = [hyp[0][0][: k] for hyp, k in zip(free, [0, 1, 2, 3])]
-    forced = greedy_search(model, src, 1.0, 5, prefix=_prefix_tensor(prefixes))
+    forced = greedy_search(model, src, max_len_a=1.0, max_len_b=5, prefix=_prefix_tensor(prefixes))
     for f, g in zip(forced, free):
         assert f[0][0] == g[0][0]
         assert f[0][1] == pytest.approx(g[0][1], abs=1e-5)
@@ -89,7 +89,7 @@ def test_prefix_score_counts_the_forced_tokens():
     model, _ = tiny_model(seed=3)
     src, _ = random_batch(batch=2, seed=3)
     prefixes = [[11, 12], [13]]
-    hyps = greedy_search(model, src, 1.0, 4, prefix=_prefix_tensor(prefixes))
+    hyps = greedy_search(model, src, max_len_a=1.0, max_len_b=4, prefix=_prefix_tensor(prefixes))
     scored = score_targets(model, src, [h[0][0] for h in hyps], lenpen=0.0)
     for hyp, pair in zip(hyps, scored):
         assert hyp[0][1] == pytest.approx(pair.total, abs=1e-4)
@@ -159,7 +159,7 @@ def test_sampling_is_reproducible_and_differs_across_seeds():
 def test_topk_one_is_greedy():
     model, _ = tiny_model(seed=7, **{"model.arch": "ran-all"})
     src, _ = random_batch(batch=3, seed=7)
-    greedy = greedy_search(model, src, 1.0, 5)
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=5)
     sampled = sample(model, src, Sampler("topk", topk=1), samples=2, seed=3,
                      max_len_a=1.0, max_len_b=5)
     for g, hyps in zip(greedy, sampled):
@@ -248,7 +248,8 @@ def test_ensemble_of_one_is_the_model(arch):
     alone = beam_search(model, src, beam=3, nbest=2, max_len_a=1.0, max_len_b=4)
     ensemble = Ensemble([model])
     assert beam_search(ensemble, src, beam=3, nbest=2, max_len_a=1.0, max_len_b=4) == alone
-    assert greedy_search(ensemble, src, 1.0, 4) == greedy_search(model, src, 1.0, 4)
+    assert greedy_search(ensemble, src, max_len_a=1.0, max_len_b=4) == greedy_search(model, src,
+                         max_len_a=1.0, max_len_b=4)
 
 
 @pytest.mark.parametrize("arch", ["transf", "ran-all"])
@@ -270,7 +271,7 @@ def test_ensemble_of_different_models_averages_log_probs():
     second, _ = tiny_model(seed=14, **{"model.arch": "ran-all"})
     src, _ = random_batch(batch=2, seed=13)
     ensemble = Ensemble([first, second])
-    (hyp_a, hyp_b) = greedy_search(ensemble, src, 1.0, 3)
+    (hyp_a, hyp_b) = greedy_search(ensemble, src, max_len_a=1.0, max_len_b=3)
     targets = [hyp_a[0][0], hyp_b[0][0]]
     mean_total = [(a.total + b.total) / 2 for a, b in zip(score_targets(first, src, targets, 0.0),
                                                           score_targets(second, src, targets, 0.0))]
@@ -282,7 +283,8 @@ def test_ensemble_of_different_models_averages_log_probs():
     fast = beam_search(ensemble, src, beam=3, max_len_a=1.0, max_len_b=4)
     ref = beam_search_reference(ensemble, src, beam=3, max_len_a=1.0, max_len_b=4)
     assert [h[0][0] for h in fast] == [h[0][0] for h in ref]
-    assert greedy_search_reference(ensemble, src, 1.0, 3)[0][0][0] == hyp_a[0][0]
+    assert greedy_search_reference(ensemble, src, max_len_a=1.0,
+                                   max_len_b=3)[0][0][0] == hyp_a[0][0]
 
 
 def test_ensemble_members_must_share_vocabularies():

@@ -57,7 +57,8 @@ def test_ctranslate2_scores_equal_ranmt_logprobs(reverse_data, tmp_path, extra):
 
     # Greedy search in both finds the same tokens (same length cap: 1.2 |src| + 10).
     for src in src_ids:
-        ours = greedy_search(model, torch.tensor([src + [EOS_ID]]), 1.2, 10)[0][0][0]
+        ours = greedy_search(model, torch.tensor([src + [EOS_ID]]), max_len_a=1.2,
+                             max_len_b=10)[0][0][0]
         theirs = translator.translate_batch([[src_vocab[i] for i in src]], beam_size=1,
                                             max_decoding_length=int(1.2 * len(src) + 10))
         assert [tgt_vocab.index(p) for p in theirs[0].hypotheses[0]] == ours

@@ -19,6 +19,7 @@ from ranmt.attention import reorder_cache
 from ranmt.attention.base import cache_append
 from ranmt.attention.cache import AttentionCache
 from ranmt.attention.registry import names_for
+from ranmt.config import DecodeConfig
 from ranmt.inference.decode import (
     Finished,
     beam_search,
@@ -58,8 +59,8 @@ def test_fast_greedy_equals_reference(self_attention, cross):
     for seed in (0, 1):
         model = _model(self_attention, cross, seed)
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
-        assert_same_hypotheses(greedy_search(model, src, 1.5, 4),
-                               greedy_search_reference(model, src, 1.5, 4))
+        assert_same_hypotheses(greedy_search(model, src, max_len_a=1.5, max_len_b=4),
+                               greedy_search_reference(model, src, max_len_a=1.5, max_len_b=4))
 
 
 @pytest.mark.parametrize(("self_attention", "cross"), DECODERS)
@@ -82,8 +83,10 @@ def test_fast_equals_reference_on_archs_with_early_eos(arch):
         model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # tied output: EOS likelier
     src, _ = random_batch(batch=6, src_len=9, seed=3)
     for beam in (1, 3, 4):
-        fast = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam)
-        reference = search(model, src, beam, 0.6, "gnmt", 1.2, 6, nbest=beam, reference=True)
+        fast = search(model, src, beam=beam, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.2,
+                      max_len_b=6, nbest=beam)
+        reference = search(model, src, beam=beam, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.2,
+                           max_len_b=6, nbest=beam, reference=True)
         lengths = {len(tokens) for hyps in reference for tokens, _ in hyps}
         assert len(lengths) > 1
         assert_same_hypotheses(fast, reference)
@@ -98,7 +101,7 @@ def test_fixed_length_gives_exactly_l_tokens(arch, beam, implementation):
         model.decoder.embedder.tokens.weight[EOS_ID] *= 4.0  # would stop early otherwise
     src, _ = random_batch(batch=4, seed=2)
     for length in (1, 7, 20):
-        results = search(model, src, beam, nbest=beam, fixed_length=length,
+        results = search(model, src, beam=beam, nbest=beam, fixed_length=length,
                          reference=implementation == "reference",
                          sync_free=implementation == "sync_free")
         assert all(len(tokens) == length and EOS_ID not in tokens
@@ -109,7 +112,7 @@ def test_fixed_length_beyond_the_model_is_an_error():
     model, _ = tiny_model()
     src, _ = random_batch(batch=2)
     with pytest.raises(ValueError, match="fixed length"):
-        search(model, src, 2, fixed_length=model.config.max_positions)
+        search(model, src, beam=2, fixed_length=model.config.max_positions)
 
 
 def test_static_cache_append_and_reorder():
@@ -236,8 +239,8 @@ def test_fixed_length_up_to_the_models_last_position():
     src, _ = random_batch(batch=2, seed=2)
     length = model.config.max_positions - 1
     for beam in (1, 3):
-        fast = search(model, src, beam, nbest=beam, fixed_length=length)
-        assert_same_hypotheses(fast, search(model, src, beam, nbest=beam, fixed_length=length,
+        fast = search(model, src, beam=beam, nbest=beam, fixed_length=length)
+        assert_same_hypotheses(fast, search(model, src, beam=beam, nbest=beam, fixed_length=length,
                                             reference=True))
         assert all(len(tokens) == length for hyps in fast for tokens, _ in hyps)
 
@@ -284,9 +287,9 @@ def test_search_runs_the_documented_implementation_with_every_option(monkeypatch
              "beam_search_reference", "greedy_search_sync_free", "beam_search_sync_free")
 
     def spying(name, implementation):
-        def spy(*args, **kwargs):
-            calls.append((name, kwargs))
-            return implementation(*args, **kwargs)
+        def spy(model, src, options, **kwargs):
+            calls.append((name, (options, kwargs)))
+            return implementation(model, src, options, **kwargs)
         return spy
 
     for name in names:
@@ -299,16 +302,18 @@ def test_search_runs_the_documented_implementation_with_every_option(monkeypatch
              (dict(beam=1, reference=True), "greedy_search_reference", {}),
              (dict(beam=3, reference=True), "beam_search_reference", {}),
              (dict(beam=1, sync_free=True, check_every=3), "greedy_search_sync_free",
-              {"check_every": 3, "graphs": False}),
-             (dict(beam=3, graphs=True), "beam_search_sync_free",
-              {"check_every": 8, "graphs": True})]
+              {"check_every": 3}),
+             (dict(beam=3, cuda_graphs=True), "beam_search_sync_free", {"check_every": 8})]
     for args, name, forwarded in cases:
         calls.clear()
         results = decode.search(model, src, prefix=prefix, **args)
         assert [called for called, _ in calls] == [name]
-        kwargs = calls[0][1]
+        options, kwargs = calls[0][1]
         assert kwargs["prefix"] is prefix
         assert {key: kwargs.get(key) for key in forwarded} == forwarded
+        # one options object: the caller's overrides on DecodeConfig's declared defaults
+        assert options.beam == args["beam"] and options.lenpen == DecodeConfig().lenpen
+        assert options.cuda_graphs == args.get("cuda_graphs", False)
         assert [len(hyps) for hyps in results] == [1, 1]  # nbest 1 by default
         assert [hyps[0][0][:1] for hyps in results] == [[5], [7]]
 
@@ -320,30 +325,40 @@ def test_graphs_go_only_with_the_sync_free_search():
                "shrinking search")
     for options in (dict(reference=True), dict(sync_free=False)):
         with pytest.raises(ValueError, match=f"^{message}$"):
-            search(model, src, 2, graphs=True, **options)
+            search(model, src, beam=2, cuda_graphs=True, **options)
 
 
-def test_search_defaults_are_the_decoding_configs():
-    """The searches' keyword defaults (a caller of the Python functions gets them) are
-    ``DecodeConfig``'s, the one declaration of the decoding options."""
+def test_searches_take_one_options_object_and_repeat_no_default():
+    """The searches and the step-level decoder take a DecodeConfig (``options``) and keyword
+    overrides of its fields: none of their signatures repeats a decoding default (the one
+    declaration is DecodeConfig's), options and the same keywords decode alike, and an
+    unknown or out-of-bounds keyword is the config's error."""
     import inspect
 
-    from ranmt.config import DecodeConfig
+    from ranmt.config import ConfigError, decode_fields, decode_with
     from ranmt.inference import decode
     from ranmt.inference.continuous import ContinuousDecoder
 
-    config = DecodeConfig()
+    declared = {spec.name for spec in decode_fields()}
     functions = [decode.search, decode.beam_search, decode.beam_search_reference,
                  decode.beam_search_sync_free, decode.greedy_search,
                  decode.greedy_search_reference, decode.greedy_search_sync_free,
                  ContinuousDecoder.__init__]
-    checked = 0
     for function in functions:
-        for name, parameter in inspect.signature(function).parameters.items():
-            if hasattr(config, name) and parameter.default is not inspect.Parameter.empty:
-                assert parameter.default == getattr(config, name), (function.__name__, name)
-                checked += 1
-    assert checked >= 25
+        parameters = inspect.signature(function).parameters
+        assert "options" in parameters and not declared & set(parameters), function.__name__
+    model, _ = tiny_model(seed=2)
+    src, _ = random_batch(batch=3, seed=2)
+    options = decode_with(DecodeConfig(), beam=3, nbest=2, lenpen=1.0, max_len_b=5)
+    for function in functions[1:4]:
+        assert function(model, src, options) == function(model, src, beam=3, nbest=2,
+                                                         lenpen=1.0, max_len_b=5)
+        assert function(model, src, options) != function(model, src, options, max_len_b=2)
+    with pytest.raises(ConfigError, match="unknown decoding option 'lenpn'; did you mean "
+                                          "lenpen"):
+        decode.search(model, src, lenpn=1.0)
+    with pytest.raises(ConfigError, match="decode.nbest must be between 1 and decode.beam"):
+        decode.search(model, src, beam=2, nbest=3)
 
 
 @pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
@@ -354,7 +369,7 @@ def test_a_prefix_longer_than_the_length_limit_is_written_whole(implementation):
     src, _ = random_batch(batch=2, seed=6)
     prefix = torch.tensor([[5, 6, 7, 8], [9, 0, 0, 0]])
     for beam in (1, 3):
-        results = search(model, src, beam, nbest=beam, max_len_a=0.0, max_len_b=2,
+        results = search(model, src, beam=beam, nbest=beam, max_len_a=0.0, max_len_b=2,
                          prefix=prefix, reference=implementation == "reference",
                          sync_free=implementation == "sync_free")
         assert all(tokens[:4] == [5, 6, 7, 8] for tokens, _ in results[0])
@@ -367,15 +382,15 @@ def test_fixed_length_past_the_model_is_an_error_in_every_search(reference):
     src, _ = random_batch(batch=2)
     for beam in (1, 2):
         with pytest.raises(ValueError, match="fixed length"):
-            search(model, src, beam, fixed_length=model.config.max_positions,
+            search(model, src, beam=beam, fixed_length=model.config.max_positions,
                    reference=reference)
 
 
 def test_a_beam_below_one_is_an_error():
     model, _ = tiny_model()
     src, _ = random_batch(batch=1)
-    with pytest.raises(ValueError, match="^beam size must be >= 1, not 0$"):
-        search(model, src, 0)
+    with pytest.raises(ValueError, match="^decode.beam must be >= 1, not 0$"):
+        search(model, src, beam=0)
 
 
 @pytest.mark.parametrize("implementation", ["fast", "reference", "sync_free"])
@@ -388,7 +403,7 @@ def test_beam_one_called_directly_is_greedy(implementation):
         with torch.no_grad():
             model.decoder.embedder.tokens.weight[EOS_ID] *= 3.0  # lengths differ
         src, _ = random_batch(batch=5, src_len=9, seed=6)
-        greedy = greedy_search_reference(model, src, 1.5, 4)
+        greedy = greedy_search_reference(model, src, max_len_a=1.5, max_len_b=4)
         assert len({len(hyps[0][0]) for hyps in greedy}) > 1
         assert_same_hypotheses(BEAM_SEARCHES[implementation](model, src, beam=1, lenpen=0.0,
                                                         max_len_a=1.5, max_len_b=4),

@@ -30,7 +30,7 @@ def test_every_variant_quantizes_and_decodes(arch):
     # int8 weights with one scale per tensor: small, bounded deviations of the log-probs
     assert (approx - reference).abs().max() < 0.25  # measured 0.09-0.13 on these models
     for beam in (1, 3):
-        hyps = search(quantized, src, beam, nbest=1, fixed_length=5)
+        hyps = search(quantized, src, beam=beam, nbest=1, fixed_length=5)
         assert all(len(h[0][0]) == 5 for h in hyps)
 
 

@@ -96,7 +96,8 @@ def test_a_beam_covering_every_output_returns_the_exhaustive_ranking(self_attent
     for (alpha, style), (reference, sync_free) in itertools.product(
             [(0.6, "gnmt"), (1.0, "fairseq"), (0.0, "gnmt")],
             [(False, False), (False, True), (True, False)]):
-        results = search(model, src, 160, alpha, style, max_len_a=0.0, max_len_b=LIMIT,
+        results = search(model, src, beam=160, lenpen=alpha, lenpen_style=style, max_len_a=0.0,
+                         max_len_b=LIMIT,
                          nbest=156, reference=reference, sync_free=sync_free)
         for outputs, hypotheses in zip(rankings, results):
             expected = _ranking(outputs, alpha, style)
@@ -121,6 +122,6 @@ def test_greedy_follows_the_arg_max_path(self_attention, cross):
             break  # EOS
         path = path + (best,)
     for reference, sync_free in [(False, False), (False, True), (True, False)]:
-        (tokens, _), = search(model, src, 1, max_len_a=0.0, max_len_b=LIMIT,
+        (tokens, _), = search(model, src, beam=1, max_len_a=0.0, max_len_b=LIMIT,
                               reference=reference, sync_free=sync_free)[0]
         assert tuple(tokens) == path

@@ -171,6 +171,7 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
     them it follows the request; its literal beam 4 once overrode the checkpoint's."""
     import ranmt.inference.translator as translator_module
     from ranmt.checkpoint import load_checkpoint, save_checkpoint
+    from ranmt.inference.decode import search_options
     from ranmt.inference.translator import Translator
 
     model, cfg, _, _ = load_checkpoint(runs["transf"])
@@ -181,8 +182,9 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
     beams = []
     real_decoder = translator_module.ContinuousDecoder  # the server's step-level batching
     monkeypatch.setattr(translator_module, "ContinuousDecoder",
-                        lambda model, beam, *a, **k: beams.append(beam)
-                        or real_decoder(model, beam, *a, **k))
+                        lambda model, options, **k: beams.append(
+                            search_options(options, k).beam)
+                        or real_decoder(model, options, **k))
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1,
                          workers="thread")  # the spy is in this process
     with TestClient(create_app({"beam2": translator}, limits)) as client:

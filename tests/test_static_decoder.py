@@ -28,7 +28,7 @@ def test_static_step_equals_the_shrinking_search(self_attention, cross):
         src, _ = random_batch(batch=5, src_len=9, seed=seed)
         for beam in (1, 2, 5):
             args = dict(beam=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4, nbest=beam)
-            assert_same_hypotheses(search(model, src, graphs=True, **args),
+            assert_same_hypotheses(search(model, src, cuda_graphs=True, **args),
                                    search(model, src, sync_free=False, **args))
 
 
@@ -42,13 +42,13 @@ def test_static_step_with_prefixes_fixed_length_and_ensembles(self_attention, cr
     prefix = torch.tensor([[7, 8, 0], [9, 0, 0], [0, 0, 0], [5, 6, 7]])
     for beam in (1, 3):
         args = dict(beam=beam, nbest=beam, max_len_b=5)
-        assert_same_hypotheses(search(model, src, graphs=True, prefix=prefix, **args),
+        assert_same_hypotheses(search(model, src, cuda_graphs=True, prefix=prefix, **args),
                                search(model, src, sync_free=False, prefix=prefix, **args))
-        assert_same_hypotheses(search(model, src, graphs=True, fixed_length=9, **args),
+        assert_same_hypotheses(search(model, src, cuda_graphs=True, fixed_length=9, **args),
                                search(model, src, sync_free=False, fixed_length=9, **args))
     ensemble = Ensemble([model, _model("dot", "dot", 4)])
-    assert_same_hypotheses(search(ensemble, src, 3, nbest=3, graphs=True),
-                           search(ensemble, src, 3, nbest=3, sync_free=False))
+    assert_same_hypotheses(search(ensemble, src, beam=3, nbest=3, cuda_graphs=True),
+                           search(ensemble, src, beam=3, nbest=3, sync_free=False))
 
 
 class _Recorder(graphs.StaticDecoder):
@@ -76,7 +76,7 @@ def test_no_cache_tensor_moves_after_the_warm_up(self_attention, cross, beam, mo
     _Recorder.made.clear()
     model = _model(self_attention, cross, 0)
     src, _ = random_batch(batch=3, src_len=7)
-    search(model, src, beam, nbest=beam, graphs=True, fixed_length=12)
+    search(model, src, beam=beam, nbest=beam, cuda_graphs=True, fixed_length=12)
     (decoder,) = _Recorder.made
     settled = decoder.seen[graphs.WARMUP_STEPS - 1]
     assert len(decoder.seen) == 13 and settled  # 12 tokens and EOS
@@ -94,7 +94,7 @@ def test_static_step_reads_nothing_on_the_host(self_attention, cross):
         counts = []
         for length in (16, 48):
             with SyncCounter() as counter:
-                search(model, src, beam, fixed_length=length, graphs=True, check_every=64)
+                search(model, src, beam=beam, fixed_length=length, cuda_graphs=True, check_every=64)
             counts.append(counter.total)
         assert counts[0] == counts[1], counts  # nothing inside the 32 extra steps
 
@@ -104,7 +104,7 @@ def test_graphs_only_with_the_sync_free_search():
     src, _ = random_batch(batch=2, src_len=5)
     for other in ({"reference": True}, {"sync_free": False}):
         with pytest.raises(ValueError, match="graphs"):
-            search(model, src, 2, graphs=True, **other)
+            search(model, src, beam=2, cuda_graphs=True, **other)
 
 
 def test_a_step_that_changes_a_cached_shape_is_refused():

@@ -60,8 +60,8 @@ def test_sync_free_with_prefixes_and_fixed_length(arch):
         free = search(model, src, sync_free=True, **args)
         assert_same_hypotheses(free, search(model, src, sync_free=False, **args))
         assert free[0][0][0][:3] == [5, 6, 7] and free[1][0][0][:1] == [9]
-        fixed = search(model, src, beam, nbest=beam, fixed_length=9, sync_free=True)
-        shrinking = search(model, src, beam, nbest=beam, fixed_length=9, sync_free=False)
+        fixed = search(model, src, beam=beam, nbest=beam, fixed_length=9, sync_free=True)
+        shrinking = search(model, src, beam=beam, nbest=beam, fixed_length=9, sync_free=False)
         assert_same_hypotheses(fixed, shrinking)
         assert all(len(tokens) == 9 for hyps in fixed for tokens, _ in hyps)
 
@@ -95,8 +95,8 @@ def test_sync_free_search_reads_nothing_on_the_host_inside_its_steps(self_attent
     src, _ = random_batch(batch=5, src_len=9)
 
     def per_step(**options) -> float:
-        short = _syncs(lambda: search(model, src, beam, fixed_length=8, **options))
-        long = _syncs(lambda: search(model, src, beam, fixed_length=24, **options))
+        short = _syncs(lambda: search(model, src, beam=beam, fixed_length=8, **options))
+        long = _syncs(lambda: search(model, src, beam=beam, fixed_length=24, **options))
         return (long.total - short.total) / 16
 
     assert per_step(sync_free=False) >= 2
@@ -110,7 +110,7 @@ def test_sync_free_check_every_must_be_positive():
     model, _ = tiny_model()
     src, _ = random_batch(batch=2)
     with pytest.raises(ValueError, match="check_every"):
-        beam_search_sync_free(model, src, 2, check_every=0)
+        beam_search_sync_free(model, src, beam=2, check_every=0)
     with pytest.raises(ValueError, match="check_every"):
         greedy_search_sync_free(model, src, check_every=0)
 
@@ -130,9 +130,9 @@ def test_search_picks_the_sync_free_path_off_the_cpu(monkeypatch):
 
     model, _ = tiny_model()
     src, _ = random_batch(batch=2)
-    decode.search(model, src, 2)
-    decode.search(model, FakeCuda(), 2)
-    decode.search(model, src, 2, sync_free=True)
+    decode.search(model, src, beam=2)
+    decode.search(model, FakeCuda(), beam=2)
+    decode.search(model, src, beam=2, sync_free=True)
     assert called == ["shrinking", "sync-free", "sync-free"]
 
 

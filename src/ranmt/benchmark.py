@@ -124,9 +124,10 @@ def decode_speed(model, config, sources: list[list[int]], batch: int, beam: int,
     lengths = np.array([len(s) for s in sources])
     for rows in make_batches(lengths, lengths, 10 ** 9, batch):
         src = pad_sources([sources[i] for i in rows]).to(device)
-        hyps = search(model, src, beam, decode.lenpen, decode.lenpen_style, decode.max_len_a,
-                      decode.max_len_b, 1, fixed_length=fixed_length,
-                      graphs=decode.cuda_graphs)
+        hyps = search(model, src, beam=beam, lenpen=decode.lenpen,
+                      lenpen_style=decode.lenpen_style, max_len_a=decode.max_len_a,
+                      max_len_b=decode.max_len_b, nbest=1, fixed_length=fixed_length,
+                      cuda_graphs=decode.cuda_graphs)
         generated += sum(len(h[0][0]) + 1 for h in hyps)
     synchronize(device)
     seconds = time.perf_counter() - start

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -246,15 +245,31 @@ class TrainConfig:
     """Show a progress bar (on a terminal: with stderr redirected, only the log lines)."""
 
 
+DecodeGroup = Literal["search", "output", "sampling"]
+
+
 def decode_option(default: Any, help: str, *, ge: float | None = None,
                   gt: float | None = None, le: float | None = None,
-                  lt: float | None = None) -> Any:
+                  lt: float | None = None, group: DecodeGroup = "search",
+                  served: bool = False, server_default: Literal["declared", "checkpoint"]
+                  = "declared", server_le: float | str | None = None) -> Any:
     """A :class:`DecodeConfig` field: its default, its bounds and its help, written once and
     read by the config's validation, the command line's flags (``ranmt translate``,
-    ``ranmt evaluate``) and the server's request schema (``/openapi.json``)."""
+    ``ranmt evaluate``), the Python API (``Translator.load``/``translate`` keywords, through
+    :func:`decode_with`) and, when ``served``, the server's request schema
+    (``/openapi.json``): a new decoding option is declared here and nowhere else.
+
+    ``group``: search (a flag of every decoding command), output (``ranmt translate`` only:
+    what is returned) or sampling (``ranmt translate``'s sampling group; the server passes
+    them only with ``sampling``). ``served``: a field of ``POST /translate``; its default
+    there is the declared one, or None (= the checkpoint's ``decode.NAME``) with
+    ``server_default="checkpoint"``; ``server_le``: the server's cap where the declaration
+    has no upper bound (a number, or the name of a server limit, e.g. ``max_beam``)."""
     bounds = {key: value for key, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt))
               if value is not None}
-    return field(default=default, metadata={"help": help, "bounds": bounds})
+    return field(default=default, metadata={
+        "help": help, "bounds": bounds, "group": group, "served": served,
+        "server_default": server_default, "server_le": server_le})
 
 
 @dataclass
@@ -262,7 +277,8 @@ class DecodeConfig:
     """Decoding settings (``decode.*``): a checkpoint's are the defaults of ``ranmt
     translate``, the Python API and the server, each of which may override them."""
 
-    beam: int = decode_option(4, "beam size (1 = greedy)", ge=1)
+    beam: int = decode_option(4, "beam size (1 = greedy)", ge=1, served=True,
+                              server_default="checkpoint", server_le="max_beam")
     lenpen: float = decode_option(0.6, "length penalty exponent alpha")
     lenpen_style: LengthPenaltyStyle = decode_option(
         "gnmt", "length penalty: gnmt ((5+|Y|)/6)^alpha | fairseq |Y|^alpha")
@@ -270,7 +286,8 @@ class DecodeConfig:
     max_len_b: int = decode_option(10, "output length limit a*|src|+b: b", ge=0)
     batch_size: int = decode_option(64, "sentences per decoding batch", ge=1)
     nbest: int = decode_option(1, "hypotheses returned per input (samples with sampling); at "
-                                  "most the beam size", ge=1)
+                                  "most the beam size", ge=1, group="output", served=True,
+                               server_default="checkpoint", server_le="max_beam")
     cuda_graphs: bool = decode_option(
         False, "search on a GPU with each search step recorded once as a CUDA graph and "
                "replayed (the sync-free search at fixed addresses; same outputs); on a CPU "
@@ -281,31 +298,39 @@ class DecodeConfig:
                "failing")
     sampling: Sampling = decode_option(
         "none", "none (search) | topk | topp | eps: draw nbest samples per input instead "
-                "(ranmt.inference.sampling)")
+                "(ranmt.inference.sampling)", group="sampling", served=True)
     topk: int = decode_option(0, "sampling=topk: the k most probable tokens are kept (0 = all: "
-                                 "plain sampling)", ge=0)
+                                 "plain sampling)", ge=0, group="sampling", served=True,
+                              server_le=1_000_000)
     topp: float = decode_option(0.9, "sampling=topp: the smallest set of tokens holding this "
-                                     "much probability is kept", gt=0, le=1)
+                                     "much probability is kept", gt=0, le=1, group="sampling",
+                                served=True)
     epsilon: float = decode_option(0.02, "sampling=eps: tokens of at least this probability "
-                                         "are kept", ge=0, lt=1)
+                                         "are kept", ge=0, lt=1, group="sampling", served=True)
     temperature: float = decode_option(1.0, "sampling temperature (log-probs are divided by "
-                                            "it before the cut)", gt=0)
+                                            "it before the cut)", gt=0, group="sampling",
+                                       served=True, server_le=100)
     seed: int = decode_option(0, "seed of the sampling generator (same inputs, settings and "
-                                 "seed: same samples)", ge=0)
+                                 "seed: same samples)", ge=0, group="sampling", served=True,
+                              server_le=2**63 - 1)
     shortlist: bool = decode_option(
         False, "restrict the output layer of each batch to its source words' candidates in "
                "the checkpoint's lexical shortlist (shortlist.safetensors beside it, written "
                "by ranmt shortlist; ranmt.inference.shortlist)")
 
 
-@functools.cache
-def _decode_fields() -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(DecodeConfig)}
+def decode_fields(group: str | None = None, served: bool | None = None
+                  ) -> list[dataclasses.Field]:
+    """:class:`DecodeConfig`'s fields in declaration order (read at each call: what is
+    declared now), optionally of one ``group`` and/or only those (not) ``served``."""
+    return [f for f in dataclasses.fields(DecodeConfig)
+            if (group is None or f.metadata["group"] == group)
+            and (served is None or f.metadata["served"] == served)]
 
 
 def decode_field(name: str) -> dataclasses.Field:
     """The declaration of :class:`DecodeConfig` field ``name`` (help, bounds, default)."""
-    return _decode_fields()[name]
+    return next(f for f in decode_fields() if f.name == name)
 
 
 # bound kind -> (holds(value, bound), sign in messages)
@@ -734,7 +759,9 @@ def decode_with(decode: DecodeConfig, **overrides) -> DecodeConfig:
     """A copy of ``decode`` with ``overrides`` (None values skipped) converted to the fields'
     types and validated: the one way decoding options are applied (Translator, the grids,
     validation during training)."""
-    out = dataclasses.replace(decode)
+    # the fields declared now (DecodeConfig's), the given ones' values kept
+    out = DecodeConfig(**{f.name: getattr(decode, f.name) for f in dataclasses.fields(decode)
+                          if f.name in {g.name for g in dataclasses.fields(DecodeConfig)}})
     hints = typing.get_type_hints(DecodeConfig)
     for key, value in overrides.items():
         if value is None:

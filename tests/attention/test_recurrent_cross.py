@@ -198,7 +198,7 @@ def test_model_incremental_logits_equal_full_forward(name, options):
 def test_beam_one_equals_greedy_and_beams_reorder_state(name, options):
     model = _model(name, options, seed=2)
     src, _ = random_batch(batch=4, seed=2)
-    greedy = greedy_search(model, src, 1.0, 5)
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=5)
     beam1 = beam_search(model, src, beam=1, max_len_a=1.0, max_len_b=5)
     assert [g[0][0] for g in greedy] == [b[0][0] for b in beam1]
     # Beam search scores must be the model's own scores of the returned hypotheses, which

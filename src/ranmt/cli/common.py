@@ -31,18 +31,14 @@ def show_progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-# The DecodeConfig fields ``ranmt translate`` offers in its sampling group and as --nbest;
-# every other field is a flag of every decoding command (translate, evaluate), so a new
-# decoding option declared in DecodeConfig is on the command line without more code.
-SAMPLING_FLAGS = ("sampling", "topk", "topp", "epsilon", "temperature", "seed")
-TRANSLATE_ONLY = ("nbest", *SAMPLING_FLAGS)
+def decode_flag_names(group: str) -> tuple[str, ...]:
+    """The DecodeConfig fields of a ``group`` (their declarations say which): search fields
+    are flags of every decoding command (translate, evaluate); output (--nbest) and sampling
+    fields are ``ranmt translate``'s. A decoding option declared in DecodeConfig is on the
+    command line without more code."""
+    from ranmt.config import decode_fields
 
-
-def _search_flags() -> tuple[str, ...]:
-    from ranmt.config import DecodeConfig
-
-    return tuple(f.name for f in dataclasses.fields(DecodeConfig)
-                 if f.name not in TRANSLATE_ONLY)
+    return tuple(f.name for f in decode_fields(group))
 
 
 def decode_options(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +47,7 @@ def decode_options(parser: argparse.ArgumentParser) -> None:
                         help="run directory (its best checkpoint) or a checkpoint; repeat it "
                              "to decode with an ensemble (the mean of the models' "
                              "log-probabilities; same prepared data required)")
-    for name in _search_flags():
+    for name in decode_flag_names("search"):
         add_decode_flag(parser, name)
     parser.add_argument("--device", default="auto", help="cpu | cuda | auto (default)")
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
@@ -97,10 +93,9 @@ def load_translator(args: argparse.Namespace):
 
     options = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(DecodeConfig)}
     check_decode_bounds(options, decode_flag)
-    if not options["sampling"] and any(options[name] is not None
-                                       for name in SAMPLING_FLAGS[1:]):
-        raise ValueError(f"{'/'.join(decode_flag(n) for n in SAMPLING_FLAGS[1:])} go with "
-                         "--sampling")
+    tuning = [name for name in decode_flag_names("sampling") if name != "sampling"]
+    if not options["sampling"] and any(options[name] is not None for name in tuning):
+        raise ValueError(f"{'/'.join(decode_flag(n) for n in tuning)} go with --sampling")
     checkpoints = args.checkpoint[0] if len(args.checkpoint) == 1 else args.checkpoint
     translator = Translator.load(checkpoints, device=args.device, quantize=args.quantize,
                                  precision=args.precision, **options)

@@ -9,10 +9,10 @@ import json
 import sys
 
 from ranmt.cli.common import (
-    SAMPLING_FLAGS,
     Command,
     add_decode_flag,
     chosen_metrics,
+    decode_flag_names,
     decode_options,
     load_translator,
     metric_options,
@@ -25,7 +25,8 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
     decode_options(p)
     p.add_argument("--input", help="input file (default stdin)")
     p.add_argument("--output", help="output file (default stdout)")
-    add_decode_flag(p, "nbest")  # printed as idx<TAB>score<TAB>text
+    for name in decode_flag_names("output"):  # --nbest: printed as idx<TAB>score<TAB>text
+        add_decode_flag(p, name)
     p.add_argument("--errors", default="strict", choices=["strict", "replace"])
     p.add_argument("--prefix", metavar="FILE",
                    help="target prefixes, one line per input line (empty: none): each "
@@ -40,7 +41,7 @@ def _args_translate(p: argparse.ArgumentParser) -> None:
                    help="score these translations of the input instead of translating: "
                         "per line normalized<TAB>total<TAB>per-token log-probs")
     group = p.add_argument_group("sampling (instead of beam search; --nbest N samples)")
-    for name in SAMPLING_FLAGS:
+    for name in decode_flag_names("sampling"):
         add_decode_flag(group, name)
 
 

@@ -50,8 +50,10 @@ from torch import Tensor
 
 from ranmt.attention.base import gather_histories, history_plan
 from ranmt.attention.cache import DecoderCache, EnsembleCache, HistoryPlan
+from ranmt.config import DecodeConfig
 from ranmt.data.batching import pad_sources
 from ranmt.inference.decode import (
+    BEAM_FIELDS,
     Finished,
     best_candidates,
     caps_with_prefix,
@@ -61,6 +63,7 @@ from ranmt.inference.decode import (
     next_beams,
     output_caps,
     prefix_lengths,
+    search_options,
     select_candidates,
     store_finished,
 )
@@ -197,16 +200,16 @@ def _set_positions(cache: DecoderCache | EnsembleCache, positions: Tensor, span:
 class ContinuousDecoder:
     """Decode lines with step-level batching (see the module docstring).
 
-    ``beam`` 1 is greedy search, or sampling when lines come with a generator; the other
-    options are those of :func:`ranmt.inference.decode.search` (``limit``: the longest output, by
-    default the model's ``max_positions - 1``)."""
+    ``options`` (a :class:`ranmt.config.DecodeConfig`, its declared defaults when None) and
+    keyword ``overrides`` of its fields, as :func:`ranmt.inference.decode.search` takes them:
+    ``beam`` 1 is greedy search, or sampling when lines come with a generator (``limit``:
+    the longest output, by default the model's ``max_positions - 1``)."""
 
-    def __init__(self, model, beam: int = 4, lenpen: float = 0.6, lenpen_style: str = "gnmt",
-                 max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1,
+    def __init__(self, model, options: DecodeConfig | None = None, *,
                  limit: int | None = None, fixed_length: int | None = None, pick=None,
-                 join_wait: int = 2):
-        if beam < 1:
-            raise ValueError(f"beam size must be >= 1, not {beam}")
+                 join_wait: int = 2, **overrides):
+        beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = (
+            getattr(search_options(options, overrides), name) for name in BEAM_FIELDS)
         self.model = model
         self.beam = beam
         self.lenpen, self.lenpen_style = lenpen, lenpen_style

@@ -35,8 +35,29 @@ import math
 import torch
 from torch import Tensor
 
+from ranmt.config import DecodeConfig, decode_with
 from ranmt.inference.graphs import RecordedStep, StaticDecoder
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID, Seq2Seq
+
+_DEFAULTS = DecodeConfig()  # never modified: decode_with copies
+
+BEAM_FIELDS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "nbest")
+"""The :class:`ranmt.config.DecodeConfig` fields a beam search reads."""
+
+
+def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfig:
+    """The decoding options of a search: ``options`` (the declared defaults when None) with
+    keyword ``overrides`` of its fields, converted and checked by
+    :func:`ranmt.config.decode_with` (an unknown name is an error naming the closest)."""
+    if options is None and not overrides:
+        return _DEFAULTS
+    return decode_with(_DEFAULTS if options is None else options, **overrides)
+
+
+def _options(options: DecodeConfig | None, overrides: dict, *names: str) -> tuple:
+    """The values of fields ``names`` of :func:`search_options`."""
+    resolved = search_options(options, overrides)
+    return tuple(getattr(resolved, name) for name in names)
 
 
 def length_penalty(length: int | Tensor, alpha: float, style: str = "gnmt"):
@@ -58,12 +79,13 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search_reference(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
-                            max_len_b: int = 10, limit: int | None = None,
-                            fixed_length: int | None = None, prefix: Tensor | None = None
+def greedy_search_reference(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
+                            *, limit: int | None = None, fixed_length: int | None = None,
+                            prefix: Tensor | None = None, **overrides
                             ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]`` (the reference:
     growing caches, every sentence stays in the batch until all are done)."""
+    max_len_a, max_len_b = _options(options, overrides, "max_len_a", "max_len_b")
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = model.encode(src)
     cache = model.init_cache(memory, pad_mask)
@@ -165,10 +187,9 @@ def _constrain(logprobs: Tensor, step: int, fixed_length: int | None, caps: Tens
 
 
 @torch.no_grad()
-def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
-                          lenpen_style: str = "gnmt", max_len_a: float = 1.2,
-                          max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
-                          fixed_length: int | None = None, prefix: Tensor | None = None
+def beam_search_reference(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
+                          *, limit: int | None = None, fixed_length: int | None = None,
+                          prefix: Tensor | None = None, **overrides
                           ) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``
     (the reference: growing caches, bookkeeping in Python per sentence).
@@ -177,6 +198,8 @@ def beam_search_reference(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     ``beam`` finished hypotheses; done sentences are removed from the batch (their cache
     entries dropped), so the work shrinks as the batch finishes.
     """
+    beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = _options(
+        options, overrides, *BEAM_FIELDS)
     limit = model.config.max_positions - 1 if limit is None else limit
     device = src.device
     batch = src.shape[0]
@@ -281,9 +304,9 @@ def _start(model: Seq2Seq, src: Tensor, max_len_a: float, max_len_b: int,
 
 
 @torch.inference_mode()
-def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b: int = 10,
+def greedy_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
                   limit: int | None = None, fixed_length: int | None = None,
-                  prefix: Tensor | None = None, pick=None
+                  prefix: Tensor | None = None, pick=None, **overrides
                   ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``.
 
@@ -293,6 +316,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2, max_len_b
     (n,))) replaces the arg-max: a sampler (``ranmt.inference.sampling``); the scores it returns are
     what the hypothesis' score sums.
     """
+    max_len_a, max_len_b = _options(options, overrides, "max_len_a", "max_len_b")
     batch, device = src.shape[0], src.device
     caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                    prefix)  # caps (B,)
@@ -451,10 +475,10 @@ def next_beams(extends: Tensor, top_scores: Tensor, beam: int) -> tuple[Tensor, 
 
 
 @torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
-                lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-                nbest: int = 1, limit: int | None = None, fixed_length: int | None = None,
-                prefix: Tensor | None = None) -> list[list[tuple[list[int], float]]]:
+def beam_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
+                limit: int | None = None, fixed_length: int | None = None,
+                prefix: Tensor | None = None, **overrides
+                ) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``.
 
     The fast path of :func:`beam_search_reference` (same hypotheses, same scores): static
@@ -463,6 +487,8 @@ def beam_search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
     Scores are length-normalised log-probabilities; a sentence leaves the batch once it
     holds ``beam`` finished hypotheses or nothing is left to extend.
     """
+    beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = _options(
+        options, overrides, *BEAM_FIELDS)
     device, batch = src.device, src.shape[0]
     caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
                                        prefix, group=beam)  # caps (B,)
@@ -561,17 +587,19 @@ class _DeviceDecoder:
 
 
 @torch.inference_mode()
-def greedy_search_sync_free(model: Seq2Seq, src: Tensor, max_len_a: float = 1.2,
-                            max_len_b: int = 10, limit: int | None = None,
-                            fixed_length: int | None = None, prefix: Tensor | None = None,
-                            check_every: int = 8, graphs: bool = False
+def greedy_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
+                            *, limit: int | None = None, fixed_length: int | None = None,
+                            prefix: Tensor | None = None, check_every: int = 8, **overrides
                             ) -> list[list[tuple[list[int], float]]]:
     """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``, the output of
     :func:`greedy_search` without a host sync inside a step: every sentence stays in the
     batch (a finished one writes PAD and adds nothing to its score) and whether all have
     finished is read once every ``check_every`` steps. The state lives in tensors updated
     in place and the step counter on the device, so that with ``graphs`` the whole step is
-    recorded once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``)."""
+    recorded once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``): the
+    options' ``cuda_graphs``."""
+    max_len_a, max_len_b, graphs = _options(options, overrides, "max_len_a", "max_len_b",
+                                            "cuda_graphs")
     _check_every(check_every)
     batch, device = src.shape[0], src.device
     caps, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
@@ -610,11 +638,9 @@ def _check_every(check_every: int) -> None:
 
 
 @torch.inference_mode()
-def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
-                          lenpen_style: str = "gnmt", max_len_a: float = 1.2,
-                          max_len_b: int = 10, nbest: int = 1, limit: int | None = None,
-                          fixed_length: int | None = None, prefix: Tensor | None = None,
-                          check_every: int = 8, graphs: bool = False
+def beam_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
+                          *, limit: int | None = None, fixed_length: int | None = None,
+                          prefix: Tensor | None = None, check_every: int = 8, **overrides
                           ) -> list[list[tuple[list[int], float]]]:
     """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``:
     the hypotheses and scores of :func:`beam_search` without a host sync inside a step.
@@ -631,8 +657,11 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: fl
     The search's state (beam scores, histories, finished hypotheses, the step counter) lives
     in tensors updated in place, so that with ``graphs`` the whole step (decoder, selection,
     reorder) is recorded once as a CUDA graph and replayed (on CUDA; the decoder then runs
-    at fixed addresses, ``ranmt.inference.graphs``); same hypotheses.
+    at fixed addresses, ``ranmt.inference.graphs``; the options' ``cuda_graphs``); same
+    hypotheses.
     """
+    beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest, graphs = _options(
+        options, overrides, *BEAM_FIELDS, "cuda_graphs")
     _check_every(check_every)
     device, batch = src.device, src.shape[0]
     caps_all, capacity, cache = _start(model, src, max_len_a, max_len_b, limit, fixed_length,
@@ -694,23 +723,24 @@ def store_finished(finished: Finished, ends: Tensor, slots: Tensor, top_scores: 
     finished.counts += ends.sum(1)
 
 
-def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
-           lenpen_style: str = "gnmt", max_len_a: float = 1.2, max_len_b: int = 10,
-           nbest: int = 1, fixed_length: int | None = None, reference: bool = False,
+def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
+           fixed_length: int | None = None, reference: bool = False,
            prefix: Tensor | None = None, sync_free: bool | None = None,
-           check_every: int = 8, graphs: bool = False) -> list[list[tuple[list[int], float]]]:
-    """Greedy search for ``beam == 1``, beam search otherwise. ``fixed_length`` L: every
-    hypothesis has exactly L tokens (EOS is not allowed before, and forced at, L), for speed
-    measurements independent of what a model happens to write. ``prefix`` (B, P): forced
-    target prefixes (see the module docstring).
+           check_every: int = 8, **overrides) -> list[list[tuple[list[int], float]]]:
+    """Greedy search for ``beam == 1``, beam search otherwise, with the decoding ``options``
+    (a :class:`ranmt.config.DecodeConfig`; its declared defaults when None) and keyword
+    ``overrides`` of its fields (``beam=4, lenpen=0.6``: checked as the config checks them).
+    ``fixed_length`` L: every hypothesis has exactly L tokens (EOS is not allowed before, and
+    forced at, L), for speed measurements independent of what a model happens to write.
+    ``prefix`` (B, P): forced target prefixes (see the module docstring).
 
     Which implementation (same hypotheses and scores): the reference with ``reference``;
     else the sync-free search (whether all are done read every ``check_every`` steps) when
     ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search.
-    ``graphs``: the sync-free search with its whole step replayed as a CUDA graph on CUDA
-    (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``)."""
-    if beam < 1:
-        raise ValueError(f"beam size must be >= 1, not {beam}")
+    ``cuda_graphs``: the sync-free search with its whole step replayed as a CUDA graph on
+    CUDA (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``)."""
+    options = search_options(options, overrides)
+    graphs = options.cuda_graphs
     if graphs and (reference or sync_free is False):
         raise ValueError("graphs replay the sync-free search's step: not with the reference "
                          "or the shrinking search")
@@ -720,11 +750,8 @@ def search(model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6,
         greedy, beam_fn, extra = greedy_search_reference, beam_search_reference, {}
     elif sync_free:
         greedy, beam_fn = greedy_search_sync_free, beam_search_sync_free
-        extra = {"check_every": check_every, "graphs": graphs}
+        extra = {"check_every": check_every}
     else:
         greedy, beam_fn, extra = greedy_search, beam_search, {}
-    if beam == 1:
-        return greedy(model, src, max_len_a, max_len_b, fixed_length=fixed_length,
-                      prefix=prefix, **extra)
-    return beam_fn(model, src, beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest,
-                   fixed_length=fixed_length, prefix=prefix, **extra)
+    fn = greedy if options.beam == 1 else beam_fn
+    return fn(model, src, options, fixed_length=fixed_length, prefix=prefix, **extra)

@@ -94,7 +94,7 @@ def sample(model, src: Tensor, sampler: Sampler, samples: int = 1, seed: int = 0
     generator = torch.Generator(device=src.device).manual_seed(seed)
     rows = src.repeat_interleave(samples, dim=0)  # sample j of sentence b: row b*samples + j
     row_prefix = None if prefix is None else prefix.repeat_interleave(samples, dim=0)
-    drawn = greedy_search(model, rows, max_len_a, max_len_b, prefix=row_prefix,
+    drawn = greedy_search(model, rows, max_len_a=max_len_a, max_len_b=max_len_b, prefix=row_prefix,
                           pick=sampler.pick(generator))
     return [[hyp for row in drawn[b * samples: (b + 1) * samples] for hyp in row]
             for b in range(src.shape[0])]

@@ -220,8 +220,7 @@ class Translator:
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
             hyps = sample(model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b, prefix)
         else:
-            hyps = search(model, src, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
-                          d.max_len_b, d.nbest, prefix=prefix, graphs=d.cuda_graphs)
+            hyps = search(model, src, d, prefix=prefix)
         if vocabulary is None:
             return hyps
         ids = vocabulary.tolist()
@@ -263,10 +262,8 @@ class Translator:
         self.model.eval()
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
-            return ContinuousDecoder(self.model, 1, max_len_a=d.max_len_a,
-                                     max_len_b=d.max_len_b, pick=sampler.pick), d
-        return ContinuousDecoder(self.model, d.beam, d.lenpen, d.lenpen_style, d.max_len_a,
-                                 d.max_len_b, d.nbest), d
+            return ContinuousDecoder(self.model, d, beam=1, nbest=1, pick=sampler.pick), d
+        return ContinuousDecoder(self.model, d), d
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         """Raw sentences -> source subword ids (an empty or blank line -> [])."""

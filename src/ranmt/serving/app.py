@@ -87,13 +87,18 @@ def check_body_size(size: int, limits: ServeLimits) -> None:
 
 
 def translate_model(limits: ServeLimits):
-    """The pydantic model of a ``/translate`` body under ``limits`` (built once per limits)."""
+    """The pydantic model of a ``/translate`` body under ``limits`` (built once per limits
+    and declaration of the decoding options)."""
+    from ranmt import config
+
     return _translate_model(limits.max_lines, limits.max_chars, limits.max_beam,
-                            limits.request_timeout_s)
+                            limits.request_timeout_s, config.DecodeConfig)
 
 
 @functools.lru_cache(maxsize=8)
-def _translate_model(max_lines: int, max_chars: int, max_beam: int, timeout_s: float):
+def _translate_model(max_lines: int, max_chars: int, max_beam: int, timeout_s: float,
+                     declared: type):
+    """``declared``: the DecodeConfig class whose served fields the model holds (a key)."""
     return request_model(max_lines, max_chars, max_beam, timeout_s)
 
 
@@ -245,6 +250,15 @@ def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
     return beam, nbest
 
 
+def _decoding_options(parsed) -> dict[str, Any]:
+    """The served DecodeConfig fields of a parsed request (their declarations list them):
+    those of the sampling group only when it samples, None (the checkpoint's) left out."""
+    from ranmt.config import decode_fields
+
+    return {spec.name: getattr(parsed, spec.name) for spec in decode_fields(served=True)
+            if parsed.sampling is not None or spec.metadata["group"] != "sampling"}
+
+
 def _allowed_methods(app: FastAPI) -> dict[str, set[str]]:
     """Path -> the HTTP methods the app's routes (not its mounts) accept there."""
     known: dict[str, set[str]] = {}
@@ -334,12 +348,9 @@ def _add_work_endpoints(app: FastAPI, served: ServedModels) -> None:
         prefixes = None
         if parsed.prefix is not None:
             prefixes = _target_ids(translator, parsed.prefix, "prefix")
-        sampling = {} if parsed.sampling is None else {
-            "sampling": parsed.sampling, "topk": parsed.topk, "topp": parsed.topp,
-            "epsilon": parsed.epsilon, "temperature": parsed.temperature, "seed": parsed.seed}
         beam, nbest = _beam_and_nbest(translator, parsed, limits)
         parsed = parsed.model_copy(update={"beam": beam, "nbest": nbest})
-        work = Work.translate(beam=beam, nbest=nbest, **sampling)
+        work = Work.translate(**_decoding_options(parsed))
         results = await served.run_job(request, name, ids, work, prefixes, parsed.timeout_s)
         if isinstance(results, Response):
             return results

@@ -100,9 +100,9 @@ class _ScoreBase(BaseModel):
 
 def request_model(max_lines: int, max_chars: int, max_beam: int,
                   max_timeout_s: float) -> type[BaseModel]:
-    """The ``POST /translate`` body for these limits (a pydantic model). The sampling
-    defaults are :class:`ranmt.config.DecodeConfig`'s; beam and nbest default to the
-    checkpoint's (None here)."""
+    """The ``POST /translate`` body for these limits (a pydantic model). Its decoding fields
+    are the :class:`ranmt.config.DecodeConfig` fields declared ``served``, each with its
+    declared help, bounds and default (None = the checkpoint's where so declared)."""
     line = Annotated[StrictStr, Field(max_length=max_chars)]
     return create_model(
         "TranslateRequest", __base__=_TranslateBase,
@@ -110,45 +110,51 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
                                 description="lines to translate")),
         model=(StrictStr | None, Field(None, description="a name from GET /models (default: "
                                                          "the first loaded)")),
-        beam=_decode_field("beam", StrictInt | None, le=max_beam, default=None,
-                           note="default: the checkpoint's decode.beam, as `ranmt translate` "
-                                "uses it; at most the server's limit"),
-        nbest=_decode_field("nbest", StrictInt | None, le=max_beam, default=None,
-                            note="default: the checkpoint's decode.nbest"),
         attention=(StrictBool, Field(False, description="return attention weights")),
         timeout_s=_timeout_field(max_timeout_s),
         prefix=(list[line] | None, Field(None, max_length=max_lines, description=(
             "per line the text its translation starts with (\"\": none); as many lines as "
             "'text' (else 400: JSON Schema cannot say that two arrays are as long)"))),
         alignment=(StrictBool, Field(False, description="return word alignments")),
-        sampling=(Literal["topk", "topp", "eps"] | None, Field(None, description=(
-            "sample nbest translations per line instead of beam search: topk (the k most "
-            "probable tokens), topp (nucleus), eps (tokens of probability >= epsilon)"))),
-        topk=_decode_field("topk", StrictInt, le=1_000_000),
-        topp=_decode_field("topp", StrictFloat),
-        epsilon=_decode_field("epsilon", StrictFloat),
-        temperature=_decode_field("temperature", StrictFloat, le=100),
-        seed=_decode_field("seed", StrictInt, le=2**63 - 1),
+        **served_decode_fields({"max_beam": max_beam}),
     )
 
 
-_DECLARED = object()
+_STRICT = {int: StrictInt, float: StrictFloat, bool: StrictBool, str: StrictStr}
 
 
-def _decode_field(name: str, annotation: Any, *, le: float | None = None,
-                  default: Any = _DECLARED, note: str = "") -> tuple:
-    """A request field for :class:`ranmt.config.DecodeConfig` field ``name``: its declared
-    help, bounds and default (unless the server gives another, e.g. None = the
-    checkpoint's), with the server's own cap ``le`` where the declaration has none."""
-    from ranmt.config import decode_field
+def served_decode_fields(server_limits: dict[str, float]) -> dict[str, tuple]:
+    """Request fields of the served :class:`ranmt.config.DecodeConfig` fields: strict JSON
+    types (an enumeration without its ``none``, which is the field left out), the declared
+    bounds and the server's cap (``server_le``: a number or a name in ``server_limits``)
+    where the declaration has no upper bound, the declared help, and the declared default
+    or None (``server_default="checkpoint"``; an enumeration: None = not used)."""
+    import typing
 
-    spec = decode_field(name)
-    bounds = dict(spec.metadata["bounds"])
-    if le is not None and "le" not in bounds and "lt" not in bounds:
-        bounds["le"] = le
-    description = spec.metadata["help"] + (f" ({note})" if note else "")
-    return (annotation, Field(spec.default if default is _DECLARED else default,
-                              description=description, **bounds))
+    from ranmt.config import DecodeConfig, decode_fields
+
+    hints = typing.get_type_hints(DecodeConfig)
+    fields = {}
+    for spec in decode_fields(served=True):
+        meta, kind = spec.metadata, hints[spec.name]
+        bounds = dict(meta["bounds"])
+        cap = meta["server_le"]
+        if cap is not None and "le" not in bounds and "lt" not in bounds:
+            bounds["le"] = server_limits[cap] if isinstance(cap, str) else cap
+        if typing.get_origin(kind) is Literal:
+            choices = tuple(c for c in typing.get_args(kind) if c != "none")
+            annotation, default = Literal[choices] | None, None
+        else:
+            annotation, default = _STRICT[kind], spec.default
+        note = ""
+        if meta["server_default"] == "checkpoint":
+            annotation, default = annotation | None, None
+            note = f" (default: the checkpoint's decode.{spec.name}, as `ranmt translate` " \
+                   "uses it" + (f"; at most the server's {cap}" if isinstance(cap, str) else
+                               "") + ")"
+        fields[spec.name] = (annotation, Field(default, description=meta["help"] + note,
+                                               **bounds))
+    return fields
 
 
 def _timeout_field(max_timeout_s: float):
@@ -194,7 +200,8 @@ def parse_translate(body: bytes, model: type[BaseModel]):
         raise _refusal(err.errors(include_url=False), data, model) from None
 
 
-# The order in which problems are reported when a body has several (the first wins).
+# The order in which problems are reported when a body has several (the first wins); fields
+# not listed (decoding options declared later) come after these.
 _FIELD_ORDER = ("text", "source", "target", "model", "beam", "nbest", "attention", "timeout_s",
                 "prefix", "alignment", "sampling", "topk", "topp", "epsilon", "temperature",
                 "seed")
@@ -236,7 +243,8 @@ def _refusal(errors: list[dict], data: dict, model: type[BaseModel]) -> RequestE
         most = _bound(model, "timeout_s", "le")
         return RequestError(400, f"'timeout_s' must be a number of seconds above 0 and at "
                                  f"most {most:g}")
-    if field in _FIELD_ORDER:  # the sampling fields: name the field and pydantic's reason
+    if field in model.model_fields:  # the other decoding fields (DecodeConfig's served
+        # ones, whatever they are): name the field and pydantic's reason
         return RequestError(400, f"'{field}': {error['msg'][0].lower()}{error['msg'][1:]}")
     return RequestError(400, f"invalid request: {error['msg']}")
 

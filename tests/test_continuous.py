@@ -359,3 +359,64 @@ def test_cancelled_lines_leave_and_the_others_decode_as_alone(self_attention, cr
         decoder.add(0, lines[0])
         decoder.step()
         assert decoder.cancel({0}) == 1 and decoder.idle() and decoder.cache is None
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), [("dot", "dot"), ("ran", "dot")])
+def test_a_shortlist_holding_each_lines_path_decodes_as_the_full_layer(self_attention, cross):
+    """Step-level batching with a lexical shortlist: the batch's output layer is restricted
+    to its lines' lists, which grow as lines join (ids appended, so the indices the search
+    state holds are not ids). Greedy search over a list holding a line's full-layer path
+    picks that path (the arg-max of a subset holding the full arg-max): every line, joined
+    early or late, prefixed or not, gets exactly the tokens it gets without a shortlist."""
+    import numpy as np
+
+    from ranmt.inference.shortlist import Shortlist
+
+    model = _model(self_attention, cross, 0)
+    waves = [_lines(3, 1, 5, 8), _lines(2, 2, 10, 14), _lines(3, 3, 1, 3)]
+    flat = [ids for wave in waves for ids in wave]
+    prefixes = {1: [7, 8], 5: [9]}
+    args = dict(beam=1, max_len_a=1.5, max_len_b=8)
+    full = _staggered(ContinuousDecoder(model, **args), waves, 2, prefixes)
+    candidates = [set() for _ in range(model.config.src_vocab_size)]
+    for number, ids in enumerate(flat):  # a source token's list: itself (so that lines'
+        for token in ids:                  # lists differ) and the paths of its lines
+            candidates[token] |= set(full[number][0][0]) | {token}
+    table = np.full((len(candidates), max(map(len, candidates))), -1, dtype=np.int32)
+    for token, listed in enumerate(candidates):
+        table[token, : len(listed)] = sorted(listed)
+    shortlist = Shortlist(table, np.zeros(0, dtype=np.int32), model.config.tgt_vocab_size)
+    decoder = ContinuousDecoder(model, **args, shortlist=shortlist)
+    grown = []
+    growing = decoder._grow_vocabulary
+
+    def spy(*a):
+        growing(*a)
+        grown.append(decoder.vocabulary.tolist())
+
+    decoder._grow_vocabulary = spy
+    listed = _staggered(decoder, waves, 2, prefixes)
+    assert {n: hyps[0][0] for n, hyps in listed.items()} == \
+        {n: hyps[0][0] for n, hyps in full.items()}
+    assert len(grown) >= 2 and any(ids != sorted(ids) for ids in grown)  # appended ids
+    assert len(grown[-1]) < model.config.tgt_vocab_size  # restricted, not everything
+    assert decoder.vocabulary is None  # the emptied batch dropped it
+
+
+def test_a_shortlist_of_every_token_gives_the_full_beam_search():
+    """A list of every target id restricts nothing: the step-level beam search with it gives
+    the n-best tokens and scores of the one without."""
+    import numpy as np
+
+    from ranmt.inference.shortlist import Shortlist
+
+    model = _model("dot", "dot", 1)
+    vocab = model.config.tgt_vocab_size
+    everything = Shortlist(np.tile(np.arange(vocab, dtype=np.int32), (vocab, 1)),
+                           np.zeros(0, dtype=np.int32), vocab)
+    waves = [_lines(2, 4, 3, 9), _lines(3, 5, 2, 12)]
+    args = dict(beam=3, nbest=3, max_len_a=1.5, max_len_b=4)
+    plain = _staggered(ContinuousDecoder(model, **args), waves, 2)
+    listed = _staggered(ContinuousDecoder(model, **args, shortlist=everything), waves, 2)
+    for number, hyps in plain.items():
+        assert_same_hypotheses([listed[number]], [hyps], 1e-5)

@@ -117,3 +117,29 @@ def test_translate_with_the_shortlist_of_the_training_data(reverse_run, reverse_
     run.symlink_to(reverse_run, target_is_directory=True)
     with pytest.raises(FileNotFoundError, match="ranmt shortlist"):
         Translator.load(run, device="cpu", shortlist=True).translate(["a b"])
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied", "int8"])
+def test_restricted_output_layer_equals_the_full_layers_columns(kind):
+    """The restricted output layer (weight rows taken and packed once per batch: oneDNN for
+    float32, fbgemm for int8) gives the full layer's logits at the listed ids: the int8 one
+    exactly (same int8 rows, same scale, activations quantized alike), float32 up to
+    summation order."""
+    from ranmt.inference.quantize import quantize_model
+
+    model, _ = tiny_model(seed=4, **({"model.tie_output": "false"} if kind == "untied" else {}))
+    model.eval()
+    if kind == "int8":
+        model = quantize_model(model, "int8")
+    decoder = model.decoder
+    assert (decoder.output is None) == (kind == "tied")
+    vocabulary = torch.tensor([0, 1, 2, 3, 9, 17, 18, 33])
+    hidden = torch.randn(5, 2, model.config.d_model)
+    with torch.inference_mode():
+        full = decoder.project(hidden)[..., vocabulary]
+        restricted = decoder.restricted_output(vocabulary)(hidden)
+    assert restricted.shape == (5, 2, len(vocabulary))
+    if kind == "int8":
+        assert torch.equal(restricted, full)
+    else:
+        torch.testing.assert_close(restricted, full, rtol=1e-5, atol=1e-5)

@@ -17,7 +17,7 @@ buffers or concatenation) is decided by ``capacity`` (see ``base.cache_append``)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -144,8 +144,10 @@ class DecoderCache:
     """(V',) sorted target ids the output is restricted to (a lexical shortlist,
     ``ranmt.inference.shortlist``): tokens in and out of a step are indices into it; None:
     the whole vocabulary."""
-    output: tuple[Tensor, Tensor | None] | None = None
-    """With ``vocabulary``: the restricted output weight (V', d) and bias, taken once."""
+    output: Callable[[Tensor], Tensor] | None = None
+    """With ``vocabulary``: the restricted output layer, (..., d) -> logits (..., V'),
+    built once per cache (its weight rows taken and packed for the CPU kernels once:
+    ``Decoder.restricted_output``)."""
 
     @property
     def members(self) -> list[DecoderCache]:

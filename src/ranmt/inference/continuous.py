@@ -67,6 +67,7 @@ from ranmt.inference.decode import (
     select_candidates,
     store_finished,
 )
+from ranmt.inference.shortlist import Shortlist
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID
 
 Hypotheses = list[tuple[list[int], float]]
@@ -122,6 +123,8 @@ def merge_caches(first: Any, second: Any, key: str = "") -> Any:
     """Two decoder caches (any variant's, an ensemble's) as one: every tensor concatenated
     along its first (batch, row or sentence) dimension, the others padded to the larger
     (source length, history length) with zeros, the source padding mask with True."""
+    if key in ("vocabulary", "output"):  # the batch's, shared by the two (a shortlist)
+        return first
     if isinstance(first, Tensor):
         return _cat_padded(first, second, True if key == "pad_mask" else 0)
     if dataclasses.is_dataclass(first):  # the parts of ranmt.attention.cache
@@ -207,7 +210,7 @@ class ContinuousDecoder:
 
     def __init__(self, model, options: DecodeConfig | None = None, *,
                  limit: int | None = None, fixed_length: int | None = None, pick=None,
-                 join_wait: int = 2, **overrides):
+                 join_wait: int = 2, shortlist: Shortlist | None = None, **overrides):
         beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = (
             getattr(search_options(options, overrides), name) for name in BEAM_FIELDS)
         self.model = model
@@ -220,6 +223,15 @@ class ContinuousDecoder:
         self.pick = pick
         """Sampling: ``generator -> (log-probs (n, V) -> (scores (n,), tokens (n,)))``, the
         draw of :meth:`ranmt.inference.sampling.Sampler.pick`."""
+        self.shortlist = shortlist
+        """A lexical shortlist (``ranmt.inference.shortlist``): the batch's output layer is
+        restricted to the union of its lines' lists (:meth:`_grow_vocabulary`)."""
+        self.vocabulary: Tensor | None = None
+        """With a shortlist: the target ids (V',) the running batch may write, specials
+        first; tokens in the search state are indices into it. It only grows while the
+        batch runs (joining lines append their missing ids, so indices keep their meaning)
+        and starts afresh when the batch empties."""
+        self._index_of: Tensor | None = None  # (V,) id -> index into vocabulary, -1: absent
         self.join_wait = join_wait
         """Steps a queued line may wait for company before it joins a running batch (1:
         the next step; 2, the default: the next or the one after). Every join encodes
@@ -302,11 +314,15 @@ class ContinuousDecoder:
         """Admit the waiting lines, advance every sentence by one token; returns the
         sentences that finished: (ticket, n-best ``(tokens, score)``, best first)."""
         running = joining_logprobs = None  # log-probs (rows, V); the joining: one row a line
+        joins = bool(self.waiting) and self._joins_now()
+        if joins and self.shortlist is not None:
+            self._grow_vocabulary([ids for _, ids, _, _ in self.waiting],
+                                  [prefix for _, _, prefix, _ in self.waiting])
         if self.sentences is not None:
             rows_steps = self.sentences.steps.repeat_interleave(self.beam)
             _set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
             running = self.model.decode_step(self.sentences.prev, self.cache)
-        if self.waiting and self._joins_now():
+        if joins:
             joining, cache, joining_logprobs = self._start(self.waiting)
             self.waiting = []
             if self.sentences is None:
@@ -318,9 +334,52 @@ class ContinuousDecoder:
             return []
         self.steps_taken += 1
         if self.beam > 1:
-            return self._advance_beams(running, joining_logprobs)
-        parts = [part for part in (running, joining_logprobs) if part is not None]
-        return self._advance_greedy(torch.cat(parts) if len(parts) > 1 else parts[0])
+            done = self._advance_beams(running, joining_logprobs)
+        else:
+            parts = [part for part in (running, joining_logprobs) if part is not None]
+            done = self._advance_greedy(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return self._as_ids(done)
+
+    def _grow_vocabulary(self, sources: list[list[int]], prefixes: list[list[int]]) -> None:
+        """Append to the batch's vocabulary the shortlist ids of joining lines it lacks (a
+        fresh one for an empty batch); the running cache's output layer is rebuilt when it
+        grew (its rows taken and packed once, ``Decoder.restricted_output``)."""
+        src = pad_sources(sources)
+        width = max((len(prefix) for prefix in prefixes), default=0)
+        prefix = None
+        if width:
+            prefix = torch.tensor([p + [PAD_ID] * (width - len(p)) for p in prefixes])
+        wanted = self.shortlist.vocabulary(src, prefix).to(self.device)  # sorted, specials
+        if self.sentences is None or self.vocabulary is None:
+            grown = wanted
+        else:
+            missing = wanted[self._index_of.index_select(0, wanted).lt(0)]
+            if missing.numel() == 0:
+                return
+            grown = torch.cat([self.vocabulary, missing])
+        self.vocabulary = grown
+        self._index_of = torch.full((self.shortlist.target_vocab_size,), -1, dtype=torch.long,
+                                    device=self.device)
+        self._index_of[grown] = torch.arange(len(grown), device=self.device)
+        if self.cache is not None:
+            self._restrict(self.cache)
+
+    def _restrict(self, cache) -> None:
+        """The batch's vocabulary on every member of ``cache``, its output layer rebuilt."""
+        for member in cache.members:
+            member.vocabulary, member.output = self.vocabulary, None
+
+    def _as_ids(self, done: list[tuple[Any, Hypotheses]]) -> list[tuple[Any, Hypotheses]]:
+        """Finished hypotheses with target ids (their tokens are indices into the batch's
+        vocabulary with a shortlist); an emptied batch's vocabulary is dropped."""
+        if self.vocabulary is None:
+            return done
+        ids = self.vocabulary.tolist()
+        done = [(ticket, [([ids[token] for token in tokens], score) for tokens, score in hyps])
+                for ticket, hyps in done]
+        if self.sentences is None:
+            self.vocabulary = self._index_of = None
+        return done
 
     def _joins_now(self) -> bool:
         """Whether the queued lines join at this step (see ``join_wait``)."""
@@ -350,17 +409,26 @@ class ContinuousDecoder:
                 prefix[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long,
                                                           device="cpu")
             prefix = prefix.to(device)
+            if self.vocabulary is not None:  # target ids -> indices into the vocabulary
+                prefix = self._index_of[prefix]
         caps = output_caps(src, self.max_len_a, self.max_len_b, self.limit, self.fixed_length)
         caps = caps_with_prefix(caps, prefix_lengths(prefix, count, device), self.limit)
         memory, pad_mask, _ = model.encode(src)
         # The first step with one row a line: a line's beams all start from BOS alike.
         cache = model.init_cache(memory, pad_mask)
+        if self.vocabulary is not None:
+            self._restrict(cache)
         _set_positions(cache, torch.zeros(count, dtype=torch.long, device=device), 1)
         prev = torch.full((count, 1), BOS_ID, dtype=torch.long, device=device)
         logprobs = model.decode_step(prev, cache)  # (count, V)
         if group > 1:
             beams = torch.arange(count, device=device).repeat_interleave(group)
-            cache = _widen(cache, model.init_cache(memory, pad_mask, group=group), beams)
+            wide = model.init_cache(memory, pad_mask, group=group)
+            if self.vocabulary is not None:
+                self._restrict(wide)
+                for small, widened in zip(cache.members, wide.members):
+                    widened.output = small.output  # packed once for the joining lines
+            cache = _widen(cache, wide, beams)
             prev = prev.index_select(0, beams)
         scores = torch.zeros(count, group, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive

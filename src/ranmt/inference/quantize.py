@@ -63,3 +63,21 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
 def is_quantized(model: nn.Module) -> bool:
     """Whether any layer of ``model`` is int8-quantized."""
     return any("quantized" in type(m).__module__ for m in model.modules())
+
+
+def restricted_int8_linear(layer: nn.Module, rows: torch.Tensor):
+    """For a dynamically quantized int8 linear ``layer`` (out, in), a function x (..., in) ->
+    its outputs at ``rows`` (R,) only: the int8 weight rows (same values, same per-tensor
+    scale) and bias packed once for fbgemm, activations quantized as the layer does
+    (``reduce_range``), so the result equals ``layer(x)[..., rows]`` exactly at R/out of
+    its cost (a lexical shortlist's output layer). None for any other layer."""
+    try:
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return None
+    if type(layer) is not DynamicLinear or layer.weight().qscheme() != torch.per_tensor_affine:
+        return None
+    bias = layer.bias()
+    packed = torch.ops.quantized.linear_prepack(
+        layer.weight().index_select(0, rows), None if bias is None else bias.index_select(0, rows))
+    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)

@@ -256,14 +256,15 @@ class Translator:
         draws one sample per added line (add a line ``nbest`` times, each with the
         generator of :func:`line_generator`)."""
         d = decode_with(self.decode_config, **decode_overrides)
-        if d.shortlist:
-            raise ValueError("decode.shortlist is not supported by step-level batching yet "
-                             "(each line would need its own output vocabulary)")
+        shortlist = self.lexical_shortlist() if d.shortlist else None
+        if shortlist is not None and d.cuda_graphs:
+            raise ValueError("decode.shortlist and decode.cuda_graphs do not go together")
         self.model.eval()
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
-            return ContinuousDecoder(self.model, d, beam=1, nbest=1, pick=sampler.pick), d
-        return ContinuousDecoder(self.model, d), d
+            return ContinuousDecoder(self.model, d, beam=1, nbest=1, pick=sampler.pick,
+                                     shortlist=shortlist), d
+        return ContinuousDecoder(self.model, d, shortlist=shortlist), d
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         """Raw sentences -> source subword ids (an empty or blank line -> [])."""

@@ -8,6 +8,7 @@ state for the next one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from ranmt.attention import AttentionSpec, build_attention, build_shared, reorde
 from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
+from ranmt.inference.quantize import restricted_int8_linear
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
 from ranmt.runtime.packed import inference_linear, use_packed_linears
 
@@ -69,26 +71,34 @@ class Decoder(nn.Module):
                 break
         return self_state, cross_state
 
-    def restricted_output(self, vocabulary: Tensor) -> tuple[Tensor, Tensor | None] | None:
-        """The output weight (V', d) and bias of the target ids ``vocabulary`` (V',); None
-        when the output layer is not a plain linear (int8: the full product is sliced)."""
-        if self.output is None:
-            return self.embedder.tokens.weight.index_select(0, vocabulary), None
-        if isinstance(self.output, nn.Linear):
-            bias = self.output.bias
-            return (self.output.weight.index_select(0, vocabulary),
-                    None if bias is None else bias.index_select(0, vocabulary))
-        return None
+    def restricted_output(self, vocabulary: Tensor) -> Callable[[Tensor], Tensor]:
+        """The output layer restricted to the target ids ``vocabulary`` (V',): a function
+        (..., d) -> logits (..., V') equal to the full layer's logits at those ids. Its
+        weight rows are taken once and, at inference on a CPU, packed once (oneDNN for
+        float32, :func:`ranmt.runtime.packed.inference_linear`; fbgemm for an int8 layer,
+        whose rows keep their int8 values and scale, so the logits are the full int8
+        layer's exactly); another kind of output layer computes the full product and
+        slices it."""
+        if self.output is None or isinstance(self.output, nn.Linear):  # tied, or a linear
+            source = self.embedder.tokens if self.output is None else self.output
+            weight = source.weight.index_select(0, vocabulary)
+            bias = getattr(source, "bias", None)
+            bias = None if bias is None else bias.index_select(0, vocabulary)
+            packed: dict = {}
+            if self.training:
+                return lambda x: F.linear(x, weight, bias)
+            return lambda x: inference_linear(x, weight, bias, packed, "restricted")
+        int8 = restricted_int8_linear(self.output, vocabulary)
+        if int8 is not None:
+            return int8
+        return lambda x: self.output(x).index_select(-1, vocabulary)
 
     def project(self, x: Tensor, cache: DecoderCache | None = None) -> Tensor:
         """(B, T, d) -> logits (B, T, V), or (B, T, V') over ``cache.vocabulary``."""
         if cache is not None and cache.vocabulary is not None:
             if cache.output is None:
-                cache.output = self.restricted_output(cache.vocabulary) or (None, None)
-            weight, bias = cache.output
-            if weight is None:
-                return self.project(x).index_select(-1, cache.vocabulary)
-            return F.linear(x, weight, bias)
+                cache.output = self.restricted_output(cache.vocabulary)
+            return cache.output(x)
         if self.output is None:
             if self.training:
                 return F.linear(x, self.embedder.tokens.weight)

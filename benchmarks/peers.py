@@ -12,7 +12,11 @@ batches, with the same beam size, length penalty and length cap, with
   post-norm TransF only: Marian is post-norm; skipped otherwise);
 * with ``--int8``: ranmt TransF/RAN-ALL with ``--quantize int8`` and CTranslate2 int8;
 * with ``--bf16`` (a CPU with native bf16): ranmt TransF/RAN-ALL with ``--precision bf16``,
-  against CTranslate2 int8 (its fastest CPU mode: it has no bf16 on a CPU) and fp32.
+  against CTranslate2 int8 (its fastest CPU mode: it has no bf16 on a CPU) and fp32;
+* with ``--shortlist`` (the TransF run has a ``shortlist.safetensors``, ``ranmt
+  shortlist``): ranmt TransF with it (``--shortlist``) and CTranslate2 with it as its
+  vocabulary map (``vmap.txt`` written by the export, ``use_vmap=True``), fp32 and, with
+  ``--int8``, int8 (CTranslate2's own benchmark: int8 + vmap 1.31x int8).
 
 ``--fixed-length L`` makes every hypothesis of every system exactly L tokens (ranmt:
 ``search(fixed_length=L)``; CTranslate2: ``min_decoding_length = max_decoding_length = L``;
@@ -97,9 +101,11 @@ def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int
 
 
 def _ct2_system(translator: Translator, path: Path, beam: int, lenpen: float, max_len: int,
-                fixed_length: int | None, threads: int, compute_type: str = "float32"):
+                fixed_length: int | None, threads: int, compute_type: str = "float32",
+                use_vmap: bool = False):
     """CTranslate2 on the model exported to ``path``, weights converted to ``compute_type``
-    when loaded (float32 or int8)."""
+    when loaded (float32 or int8); ``use_vmap``: its vocabulary map (the run's lexical
+    shortlist, written by the export as ``vmap.txt``)."""
     import ctranslate2
 
     engine = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
@@ -115,7 +121,7 @@ def _ct2_system(translator: Translator, path: Path, beam: int, lenpen: float, ma
         results = engine.translate_batch([[src_pieces[i] for i in s] for s in batch],
                                          beam_size=beam, length_penalty=lenpen,
                                          min_decoding_length=lengths[0],
-                                         max_decoding_length=lengths[1])
+                                         max_decoding_length=lengths[1], use_vmap=use_vmap)
         return [[tgt.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
 
     return run
@@ -162,11 +168,11 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
                 transf.src_vocab.processor.serialized_model_proto():
             raise SystemExit("--ran and --transf must share the source vocabulary")
 
-    def ct2(compute_type: str):
+    def ct2(compute_type: str, use_vmap: bool = False):
         from ranmt.inference.export import export_ctranslate2
 
         path = export_ctranslate2(transf.checkpoint_dir, out / "ct2-transf")
-        return _ct2_system(transf, path, *settings, args.threads, compute_type)
+        return _ct2_system(transf, path, *settings, args.threads, compute_type, use_vmap)
 
     def ranmt(run: str, **options):
         return lambda: _ranmt_system(Translator.load(run, device="cpu", **options), *settings)
@@ -182,6 +188,13 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
                          for name, run in runs.items()})
     if args.int8 or args.bf16:
         builders["CTranslate2 int8"] = lambda: ct2("int8")
+    if args.shortlist:  # the run's shortlist.safetensors: ranmt's list, CTranslate2's vmap
+        builders["ranmt TransF + shortlist"] = ranmt(args.transf, shortlist=True)
+        builders["CTranslate2 fp32 + vmap"] = lambda: ct2("float32", True)
+        if args.int8:
+            builders["ranmt TransF int8 + shortlist"] = ranmt(args.transf, quantize="int8",
+                                                              shortlist=True)
+            builders["CTranslate2 int8 + vmap"] = lambda: ct2("int8", True)
     if not args.no_hf:
         builders["HF generate"] = lambda: _hf_system(transf, *settings)
     return builders, transf
@@ -229,7 +242,8 @@ def _child_argv(args, name: str, child_out: Path) -> list[str]:
     argv += ["--ran", args.ran] if args.ran else []
     argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
     return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
-                                         ("--no-hf", args.no_hf)) if on]
+                                         ("--no-hf", args.no_hf),
+                                         ("--shortlist", args.shortlist)) if on]
 
 
 def _time_isolated(args, names: list[str]) -> tuple:
@@ -603,6 +617,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="also ranmt --precision bf16 (a CPU with native bf16) and "
                         "CTranslate2 int8, its fastest CPU mode")
     p.add_argument("--no-hf", action="store_true", help="leave Hugging Face generate out")
+    p.add_argument("--shortlist", action="store_true",
+                   help="also ranmt TransF with the run's lexical shortlist (ranmt shortlist) "
+                        "and CTranslate2 with it as its vocabulary map (use_vmap), fp32 and, "
+                        "with --int8, int8")
     p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--one-process", dest="isolate", action="store_false",

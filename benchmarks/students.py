@@ -82,6 +82,9 @@ def run(args) -> dict:
                                                                   args.sentences))]
     shortlist = build_shortlist(args.data, args.k, args.frequent)
     models = systems(args.data, shortlist)
+    if args.systems:  # the teacher (the ratios' base) and the systems named
+        models = {name: value for name, value in models.items() if name.startswith("teacher")
+                  or any(part in name for part in args.systems)}
     report: dict = {"machine": cpu_description(),
                     "torch": torch.__version__, "fixed_length": args.fixed_length,
                     "sentences": len(sources), "shortlist": {"k": args.k,
@@ -130,6 +133,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=50)
     parser.add_argument("--frequent", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--systems", nargs="+",
+                        help="only the systems whose names hold one of these (and the teacher)")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
     report = run(args)

@@ -75,3 +75,48 @@ def test_ran_models_are_refused(reverse_data, tmp_path):
     _checkpoint(reverse_data, tmp_path, **{"model.arch": "ran-all"})
     with pytest.raises(ExportError, match="dot-product"):
         export_ctranslate2(tmp_path / "ckpt", tmp_path / "ct2")
+
+
+def test_the_shortlist_is_exported_as_ctranslate2s_vocabulary_map(reverse_data, tmp_path):
+    """A run's lexical shortlist goes into the export as vmap.txt (CTranslate2's vocabulary
+    map); read back it is the same shortlist; CTranslate2's greedy search with use_vmap
+    finds ranmt's greedy translation with the shortlist."""
+    from ranmt.data.batching import pad_sources
+    from ranmt.inference.shortlist import (
+        SHORTLIST_FILE,
+        RestrictedOutput,
+        Shortlist,
+        build_shortlist,
+    )
+
+    model = _checkpoint(reverse_data, tmp_path)
+    shortlist = build_shortlist(reverse_data, k=5, frequent=3)
+    shortlist.save(tmp_path / "ckpt" / SHORTLIST_FILE, {"k": 5, "frequent": 3})
+    out = export_ctranslate2(tmp_path / "ckpt", tmp_path / "ct2")
+    src_vocab, tgt_vocab = _pieces(reverse_data, "src"), _pieces(reverse_data, "tgt")
+    back = Shortlist.read_vmap(out / "vmap.txt", src_vocab, tgt_vocab)
+    assert back.frequent.tolist() == shortlist.frequent.tolist()
+    rows = [row[row >= 0].tolist() for row in shortlist.candidates]
+    assert [row[row >= 0].tolist() for row in back.candidates] == \
+        [[] if source < 4 else row for source, row in enumerate(rows)]
+    assert sum(map(len, rows[4:])) > 20  # a list worth the name
+
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    for src in ([5, 9, 12, 7], [8, 6, 10, 11, 13, 5], [14, 15, 5]):
+        batch = pad_sources([src])
+        vocabulary = shortlist.vocabulary(batch)
+        ours = greedy_search(RestrictedOutput(model, vocabulary), batch, max_len_a=1.2,
+                             max_len_b=10)[0][0][0]
+        theirs = translator.translate_batch([[src_vocab[i] for i in src]], beam_size=1,
+                                            max_decoding_length=int(1.2 * len(src) + 10),
+                                            use_vmap=True)
+        assert [tgt_vocab.index(p) for p in theirs[0].hypotheses[0]] == \
+            vocabulary[ours].tolist()
+
+
+def test_a_vocabulary_map_with_an_n_gram_rule_is_refused(tmp_path):
+    from ranmt.inference.shortlist import Shortlist
+
+    (tmp_path / "vmap.txt").write_text("\ta\nx y\tb\n")
+    with pytest.raises(ValueError, match=r"vmap.txt:2: source 'x y' is not one piece"):
+        Shortlist.read_vmap(tmp_path / "vmap.txt", ["x", "y"], ["a", "b"])

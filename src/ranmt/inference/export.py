@@ -275,6 +275,7 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     except ImportError:
         raise ExportError("exporting to CTranslate2 needs it: pip install ctranslate2") from None
     from ranmt.data.vocab import Vocab
+    from ranmt.inference.shortlist import Shortlist, shortlist_beside
 
     model, cfg, _, directory = load_checkpoint(checkpoint)
     model.eval()
@@ -294,4 +295,8 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     _RanmtConverter().convert(str(out), quantization=quantization, force=True)
     shutil.copyfile(directory / "spm.src.model", out / "source.spm")
     shutil.copyfile(directory / "spm.tgt.model", out / "target.spm")
+    shortlist = shortlist_beside(checkpoint)
+    if shortlist is not None:  # CTranslate2 reads it with translate_batch(use_vmap=True)
+        Shortlist.load(shortlist).write_vmap(out / "vmap.txt", pieces(directory / "spm.src.model"),
+                                             pieces(directory / "spm.tgt.model"))
     return out

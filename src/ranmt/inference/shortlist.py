@@ -65,6 +65,50 @@ class Shortlist:
                   metadata={"settings": json.dumps(settings),
                             "target_vocab_size": str(self.target_vocab_size)})
 
+    def write_vmap(self, path: str | Path, src_pieces: list[str], tgt_pieces: list[str]
+                   ) -> None:
+        """The shortlist as CTranslate2's vocabulary map (``vmap.txt``, read with
+        ``use_vmap=True``): a line ``source piece<TAB>target pieces`` per source token with
+        candidates, and a first line with an empty source holding the frequent tokens
+        (always candidates). CTranslate2 adds its own special tokens; ranmt's are always in."""
+        lines = ["\t" + " ".join(tgt_pieces[t] for t in self.frequent)]
+        for source, row in enumerate(self.candidates):
+            targets = [tgt_pieces[t] for t in row if t >= 0]
+            if targets and source >= SPECIAL_IDS:
+                lines.append(f"{src_pieces[source]}\t{' '.join(targets)}")
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read_vmap(cls, path: str | Path, src_pieces: list[str], tgt_pieces: list[str]
+                  ) -> Shortlist:
+        """A shortlist from a CTranslate2 vocabulary map (``vmap.txt``): its one-piece rules
+        become per-token candidates (in the file's order), its empty-source rule the
+        frequent tokens. A rule of several source pieces (an n-gram, which a per-token
+        shortlist cannot express) or a piece outside the vocabularies is an error."""
+        src_ids = {piece: i for i, piece in enumerate(src_pieces)}
+        tgt_ids = {piece: i for i, piece in enumerate(tgt_pieces)}
+        rules: dict[int, list[int]] = {}
+        frequent: list[int] = []
+        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            source, _, targets = line.partition("\t")
+            unknown = [p for p in targets.split() if p not in tgt_ids]
+            if " " in source.strip() or unknown or (source and source not in src_ids):
+                what = (f"target pieces {unknown[:3]} not in the target vocabulary" if unknown
+                        else f"source '{source}' is not one piece of the source vocabulary")
+                raise ValueError(f"{path}:{number}: {what}")
+            ids = [tgt_ids[p] for p in targets.split()]
+            if source:
+                rules[src_ids[source]] = ids
+            else:
+                frequent.extend(ids)
+        width = max((len(ids) for ids in rules.values()), default=0)
+        candidates = np.full((len(src_pieces), width), -1, dtype=np.int32)
+        for source, ids in rules.items():
+            candidates[source, : len(ids)] = ids
+        return cls(candidates, np.array(frequent, dtype=np.int32), len(tgt_pieces))
+
     @classmethod
     def load(cls, path: str | Path) -> Shortlist:
         from safetensors import safe_open
@@ -90,6 +134,17 @@ class RestrictedOutput:
         for member in cache.members:
             member.vocabulary = self.vocabulary
         return cache
+
+
+def shortlist_beside(checkpoint: str | Path) -> Path | None:
+    """The ``shortlist.safetensors`` of a checkpoint: in its folder (a checkpoint folder or
+    the folder of a checkpoint file) or the two above it (the run's), else None."""
+    folder = Path(checkpoint)
+    folder = folder if folder.is_dir() else folder.parent
+    for candidate in (folder, *folder.parents[:2]):
+        if (candidate / SHORTLIST_FILE).is_file():
+            return candidate / SHORTLIST_FILE
+    return None
 
 
 def cooccurrence(pairs: list[tuple[np.ndarray, np.ndarray]], src_vocab: int, tgt_vocab: int

@@ -32,7 +32,12 @@ from ranmt.inference.decode import search
 from ranmt.inference.ensemble import Ensemble
 from ranmt.inference.sampling import Sampler, sample
 from ranmt.inference.scoring import PairScore, align, score_targets, word_alignment
-from ranmt.inference.shortlist import SHORTLIST_FILE, RestrictedOutput, Shortlist
+from ranmt.inference.shortlist import (
+    SHORTLIST_FILE,
+    RestrictedOutput,
+    Shortlist,
+    shortlist_beside,
+)
 from ranmt.runtime.memory import retain_freed_memory
 
 
@@ -233,14 +238,12 @@ class Translator:
         if self._shortlist is None:
             if self.checkpoint_dir is None:
                 raise ValueError("decode.shortlist needs a translator loaded from a checkpoint")
-            for folder in (self.checkpoint_dir, *self.checkpoint_dir.parents[:2]):
-                if (folder / SHORTLIST_FILE).is_file():
-                    self._shortlist = Shortlist.load(folder / SHORTLIST_FILE)
-                    break
-            else:
+            found = shortlist_beside(self.checkpoint_dir)
+            if found is None:
                 raise FileNotFoundError(
                     f"decode.shortlist: no {SHORTLIST_FILE} in {self.checkpoint_dir} or the "
                     "folders above it; build one with `ranmt shortlist`")
+            self._shortlist = Shortlist.load(found)
         return self._shortlist
 
     def warm_up(self) -> None:

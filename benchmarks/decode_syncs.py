@@ -49,7 +49,7 @@ def modes(check_every: list[int], graphs: bool = False) -> dict[str, dict]:
         table[f"sync-free/{k}"] = {"sync_free": True, "check_every": k}
     if graphs:
         for k in check_every:
-            table[f"graphs/{k}"] = {"graphs": True, "check_every": k}
+            table[f"graphs/{k}"] = {"cuda_graphs": True, "check_every": k}
     return table
 
 

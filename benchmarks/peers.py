@@ -80,6 +80,7 @@ import torch
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.inference.decode import search
+from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
 from ranmt.model import EOS_ID, PAD_ID
 from ranmt.runtime.precision import cpu_description
@@ -90,12 +91,19 @@ from ranmt.runtime.precision import cpu_description
 def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int,
                   fixed_length: int | None):
     model = translator.model.eval()
+    shortlist = translator.lexical_shortlist() if translator.decode_config.shortlist else None
 
     def run(batch: list[list[int]]) -> list[list[int]]:
-        hyps = search(model, pad_sources(batch), beam=beam, lenpen=lenpen, lenpen_style="fairseq",
+        src, runner, ids = pad_sources(batch), model, None
+        if shortlist is not None:  # the batch's list: the search runs over its indices
+            vocabulary = shortlist.vocabulary(src)
+            runner, ids = RestrictedOutput(model, vocabulary), vocabulary.tolist()
+        hyps = search(runner, src, beam=beam, lenpen=lenpen, lenpen_style="fairseq",
                       max_len_a=0.0, max_len_b=max_len, nbest=1,
                       fixed_length=fixed_length)
-        return [h[0][0] for h in hyps]
+        if ids is None:
+            return [h[0][0] for h in hyps]
+        return [[ids[token] for token in h[0][0]] for h in hyps]
 
     return run
 
@@ -177,7 +185,7 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     def ranmt(run: str, **options):
         return lambda: _ranmt_system(Translator.load(run, device="cpu", **options), *settings)
 
-    runs = {"TransF": args.transf, **({"RAN-ALL": args.ran} if args.ran else {})}
+    runs = {"TransF": args.transf, **({args.ran_name: args.ran} if args.ran else {})}
     builders = {f"ranmt {name}": ranmt(run) for name, run in runs.items()}
     builders["CTranslate2 fp32"] = lambda: ct2("float32")
     if args.int8:
@@ -188,12 +196,14 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
                          for name, run in runs.items()})
     if args.int8 or args.bf16:
         builders["CTranslate2 int8"] = lambda: ct2("int8")
-    if args.shortlist:  # the run's shortlist.safetensors: ranmt's list, CTranslate2's vmap
-        builders["ranmt TransF + shortlist"] = ranmt(args.transf, shortlist=True)
+    if args.shortlist:  # the runs' shortlist.safetensors: ranmt's list, CTranslate2's vmap
+        builders.update({f"ranmt {name} + shortlist": ranmt(run, shortlist=True)
+                         for name, run in runs.items()})
         builders["CTranslate2 fp32 + vmap"] = lambda: ct2("float32", True)
         if args.int8:
-            builders["ranmt TransF int8 + shortlist"] = ranmt(args.transf, quantize="int8",
-                                                              shortlist=True)
+            builders.update({f"ranmt {name} int8 + shortlist": ranmt(run, quantize="int8",
+                                                                     shortlist=True)
+                             for name, run in runs.items()})
             builders["CTranslate2 int8 + vmap"] = lambda: ct2("int8", True)
     if not args.no_hf:
         builders["HF generate"] = lambda: _hf_system(transf, *settings)
@@ -239,7 +249,7 @@ def _child_argv(args, name: str, child_out: Path) -> list[str]:
             "--batch", str(args.batch), "--beam", str(args.beam), "--lenpen", str(args.lenpen),
             "--max-len", str(args.max_len), "--threads", str(args.threads), "--out", args.out,
             "--repeats", "1", "--only", name, "--child-out", str(child_out)]
-    argv += ["--ran", args.ran] if args.ran else []
+    argv += ["--ran", args.ran, "--ran-name", args.ran_name] if args.ran else []
     argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
     return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
                                          ("--no-hf", args.no_hf),
@@ -326,16 +336,22 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
               "tokens_per_s": {name: row["tokens_per_s"] for name, row in rows.items()},
               "ms_per_sentence": {name: row["ms_per_sentence"] for name, row in rows.items()},
               "systems": rows}
+    ran = args.ran_name
     for mine, theirs in (("ranmt TransF", "CTranslate2 fp32"),
-                         ("ranmt RAN-ALL", "CTranslate2 fp32"),
+                         (f"ranmt {ran}", "CTranslate2 fp32"),
                          ("ranmt TransF int8", "CTranslate2 int8"),
-                         ("ranmt RAN-ALL int8", "CTranslate2 int8"),
+                         (f"ranmt {ran} int8", "CTranslate2 int8"),
                          ("ranmt TransF bf16", "CTranslate2 int8"),
-                         ("ranmt RAN-ALL bf16", "CTranslate2 int8"),
+                         (f"ranmt {ran} bf16", "CTranslate2 int8"),
                          ("ranmt TransF bf16", "CTranslate2 fp32"),
-                         ("ranmt RAN-ALL bf16", "CTranslate2 fp32"),
+                         (f"ranmt {ran} bf16", "CTranslate2 fp32"),
                          ("ranmt TransF bf16", "ranmt TransF"),
-                         ("ranmt RAN-ALL bf16", "ranmt RAN-ALL")):
+                         (f"ranmt {ran} bf16", f"ranmt {ran}"),
+                         ("ranmt TransF + shortlist", "CTranslate2 fp32 + vmap"),
+                         (f"ranmt {ran} + shortlist", "CTranslate2 fp32 + vmap"),
+                         ("ranmt TransF int8 + shortlist", "CTranslate2 int8 + vmap"),
+                         (f"ranmt {ran} int8 + shortlist", "CTranslate2 int8 + vmap"),
+                         ("CTranslate2 int8 + vmap", "CTranslate2 int8")):
         if mine in rows and theirs in rows:
             result.setdefault("ratios", {})[f"{mine} / {theirs}"] = (
                 rows[mine]["tokens_per_s"] / rows[theirs]["tokens_per_s"])
@@ -601,6 +617,8 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("decode", help="ranmt vs CTranslate2 vs HF generate")
     p.add_argument("--transf", required=True, help="trained ranmt TransF run or checkpoint")
     p.add_argument("--ran", help="trained ranmt RAN-ALL run (same vocabulary)")
+    p.add_argument("--ran-name", default="RAN-ALL",
+                   help="its name in the tables (e.g. RAN-D for a RAN-D student)")
     p.add_argument("--data", required=True, help="prepared data directory")
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--sentences", type=int, default=1000)

@@ -48,7 +48,8 @@ def _args(reverse_data, tmp_path, **overrides):
                   ran=None, data=str(reverse_data), split="test", sentences=24, batch=8,
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
-                  no_hf=False, json=None, isolate=False, only=None, child_out=None)
+                  no_hf=False, json=None, isolate=False, only=None, child_out=None,
+                  shortlist=False, ran_name="RAN-ALL")
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -114,3 +115,39 @@ def test_peers_decode_isolated_processes_give_the_same_outputs(reverse_data, tmp
         assert len(row["samples"]) == 2, name
         assert row["same_output_as_ranmt_transf"] == 1.0, name
         assert row["output_lengths"] == together["systems"][name]["output_lengths"], name
+
+
+def test_peers_decode_shortlist_rows_beside_ctranslate2s_vocabulary_map(reverse_data, tmp_path):
+    """--shortlist: ranmt with the run's lexical shortlist and CTranslate2 with it as its
+    vocabulary map (use_vmap), fp32 and int8, every system writing L tokens at a fixed
+    length; greedy, the two restricted searches agree with each other."""
+    from ranmt.inference.shortlist import SHORTLIST_FILE, build_shortlist
+
+    length = 6
+    args = _args(reverse_data, tmp_path, fixed_length=length, int8=True, shortlist=True,
+                 no_hf=True, beam=1)
+    build_shortlist(reverse_data, k=4, frequent=2).save(Path(args.transf) / SHORTLIST_FILE,
+                                                        {"k": 4, "frequent": 2})
+    result = _peers().decode(args)
+    systems = result["systems"]
+    assert set(systems) == {"ranmt TransF", "CTranslate2 fp32", "ranmt TransF int8",
+                            "CTranslate2 int8", "ranmt TransF + shortlist",
+                            "CTranslate2 fp32 + vmap", "ranmt TransF int8 + shortlist",
+                            "CTranslate2 int8 + vmap"}
+    for name, row in systems.items():
+        assert row["output_lengths"] == [length, length], name
+    # the two restricted greedy searches write the same tokens (each over its batch's list)
+    from ranmt.inference.translator import Translator
+
+    peers = _peers()
+    translator = Translator.load(args.transf, device="cpu", shortlist=True)
+    ours = peers._ranmt_system(translator, 1, 0.6, 12, length)
+    theirs = peers._ct2_system(translator, Path(args.out) / "ct2-transf", 1, 0.6, 12, length,
+                               1, "float32", use_vmap=True)
+    batches = [[[5, 9, 12, 7], [8, 6, 10, 11, 13, 5]], [[14, 15, 5], [6, 7, 8, 9, 10]]]
+    assert [ours(batch) for batch in batches] == [theirs(batch) for batch in batches]
+    assert systems["ranmt TransF + shortlist"]["same_output_as_ranmt_transf"] == \
+        systems["CTranslate2 fp32 + vmap"]["same_output_as_ranmt_transf"]
+    for pair in ("ranmt TransF int8 + shortlist / CTranslate2 int8 + vmap",
+                 "CTranslate2 int8 + vmap / CTranslate2 int8"):
+        assert result["ratios"][pair] > 0, pair

@@ -88,7 +88,7 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int,
         widths = np.maximum(src_lens, tgt_lens)[order]
     else:  # by shape first, so that a batch holds one shape's examples
         shape = buckets.assign(src_lens, tgt_lens)  # (N,) -1: no shape holds it
-        own = np.maximum(buckets._capped(src_lens), buckets._capped(tgt_lens))
+        own = np.maximum(buckets.capped(src_lens), buckets.capped(tgt_lens))
         key = np.where(shape >= 0, shape, len(buckets) + own)  # one run per shape
         order = _length_order(src_lens, key * (int(np.ceil(noise)) + 1), jitter)
         # a batch's width is its shape's longer side: runs cut into batches of its rows

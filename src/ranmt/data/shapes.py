@@ -64,7 +64,7 @@ class ShapeBuckets:
         ``max_positions`` count as cut to it): the cheapest that holds both sides, -1 when
         none does (possible only without ``max_positions``). In chunks of a million
         examples, so a WMT-size corpus never holds an (N, K) table."""
-        src_widths, tgt_widths = self._capped(src_widths), self._capped(tgt_widths)
+        src_widths, tgt_widths = self.capped(src_widths), self.capped(tgt_widths)
         out = np.empty(len(src_widths), dtype=np.int64)
         for start in range(0, len(src_widths), 1 << 20):
             src = src_widths[start: start + (1 << 20), None]
@@ -87,7 +87,8 @@ class ShapeBuckets:
         """``12x40/36, ...``: each shape as sentences x source/target length."""
         return ", ".join(f"{self.rows(s, t)}x{s}/{t}" for s, t in self.shapes.tolist())
 
-    def _capped(self, widths: np.ndarray) -> np.ndarray:
+    def capped(self, widths: np.ndarray) -> np.ndarray:
+        """Widths as int64, cut to ``max_positions`` (as truncation cuts the sentences)."""
         widths = np.asarray(widths, dtype=np.int64)
         return widths if self.max_positions is None else np.minimum(widths, self.max_positions)
 
@@ -107,7 +108,7 @@ def choose_shapes(src_widths: np.ndarray, tgt_widths: np.ndarray, count: int,
     if count < 1:
         raise ValueError(f"choose at least one shape, not {count}")
     capped = ShapeBuckets([1], max_tokens, max_sentences, max_positions)
-    src, tgt = capped._capped(src_widths), capped._capped(tgt_widths)
+    src, tgt = capped.capped(src_widths), capped.capped(tgt_widths)
     base = int(tgt.max()) + 1
     cells, weights = np.unique(src * base + tgt, return_counts=True)
     cell_src, cell_tgt = cells // base, cells % base  # (C,) distinct pairs, (C,) counts

@@ -49,8 +49,8 @@ def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfi
     """The decoding options of a search: ``options`` (the declared defaults when None) with
     keyword ``overrides`` of its fields, converted and checked by
     :func:`ranmt.config.decode_with` (an unknown name is an error naming the closest)."""
-    if options is None and not overrides:
-        return _DEFAULTS
+    if not overrides:  # a DecodeConfig is checked when it is made (decode_with, the config)
+        return _DEFAULTS if options is None else options
     return decode_with(_DEFAULTS if options is None else options, **overrides)
 
 

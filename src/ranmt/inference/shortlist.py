@@ -69,9 +69,11 @@ class Shortlist:
                    ) -> None:
         """The shortlist as CTranslate2's vocabulary map (``vmap.txt``, read with
         ``use_vmap=True``): a line ``source piece<TAB>target pieces`` per source token with
-        candidates, and a first line with an empty source holding the frequent tokens
-        (always candidates). CTranslate2 adds its own special tokens; ranmt's are always in."""
-        lines = ["\t" + " ".join(tgt_pieces[t] for t in self.frequent)]
+        candidates, and a first line with an empty source holding the special tokens (PAD
+        too, which CTranslate2 would leave out: ranmt's lists hold all four) and the frequent
+        tokens (always candidates)."""
+        always = [*range(SPECIAL_IDS), *self.frequent.tolist()]
+        lines = ["\t" + " ".join(tgt_pieces[t] for t in always)]
         for source, row in enumerate(self.candidates):
             targets = [tgt_pieces[t] for t in row if t >= 0]
             if targets and source >= SPECIAL_IDS:
@@ -101,8 +103,8 @@ class Shortlist:
             ids = [tgt_ids[p] for p in targets.split()]
             if source:
                 rules[src_ids[source]] = ids
-            else:
-                frequent.extend(ids)
+            else:  # the special tokens are in every list anyway
+                frequent.extend(i for i in ids if i >= SPECIAL_IDS)
         width = max((len(ids) for ids in rules.values()), default=0)
         candidates = np.full((len(src_pieces), width), -1, dtype=np.int32)
         for source, ids in rules.items():

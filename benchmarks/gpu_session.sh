@@ -59,7 +59,8 @@ train() {  # name seconds arch extra-overrides...
     echo "== $name"
     timeout "$limit" python -m ranmt train --data "$DATA" --out "/tmp/runs/$name" \
         "${SPEED_RUN[@]}" model.arch="$arch" train.max_steps="$STEPS" \
-        train.log_every=$((STEPS / 4)) "$@" 2>&1 | grep -v "^$" | grep -v "^{" | tail -7
+        train.log_every=$((STEPS / 4)) "$@" 2>&1 | tee "$OUT/train_$name.log" | grep -v "^$" \
+        | grep -v "^{" | tail -7
 }
 train_step() {
     train transf-fp32 45 transf train.precision=fp32
@@ -129,11 +130,16 @@ sdpa_step() {
 #    Dry run on any machine: python benchmarks/gpu_step.py --dry-run --device cpu
 issue68_step() {
     timeout 420 python benchmarks/gpu_step.py --device cuda --out "$OUT/gpu_step.json"
-    STEPS=60 RUNS="transf-bf16 transf-bf16w" train_issue68
+    STEPS=60 RUNS="transf-bf16 transf-bf16w transf-bf16-auto8" train_issue68
 }
 train_issue68() {
     train transf-bf16 45 transf train.precision=bf16
     train transf-bf16w 45 transf train.precision=bf16-weights
+    # last (a time-out here loses nothing else): CUDA graphs over 8 (source, target) shapes
+    # chosen from the data (data.auto_shape_buckets, 2026-11-29) against the square buckets
+    # of transf-bf16-graphs: the log's "(shape buckets)" line has the fill
+    train transf-bf16-auto8 60 transf train.precision=bf16 train.compile=true \
+        train.compile_mode=reduce-overhead data.auto_shape_buckets=8
 }
 
 STEPS_TO_RUN=${*:-tests train profile marian decode sdpa}

@@ -386,7 +386,7 @@ def test_a_shortlist_holding_each_lines_path_decodes_as_the_full_layer(self_atte
     for token, listed in enumerate(candidates):
         table[token, : len(listed)] = sorted(listed)
     shortlist = Shortlist(table, np.zeros(0, dtype=np.int32), model.config.tgt_vocab_size)
-    decoder = ContinuousDecoder(model, **args, shortlist=shortlist)
+    decoder = ContinuousDecoder(model, **args, lexical_shortlist=shortlist)
     grown = []
     growing = decoder._grow_vocabulary
 
@@ -417,6 +417,6 @@ def test_a_shortlist_of_every_token_gives_the_full_beam_search():
     waves = [_lines(2, 4, 3, 9), _lines(3, 5, 2, 12)]
     args = dict(beam=3, nbest=3, max_len_a=1.5, max_len_b=4)
     plain = _staggered(ContinuousDecoder(model, **args), waves, 2)
-    listed = _staggered(ContinuousDecoder(model, **args, shortlist=everything), waves, 2)
+    listed = _staggered(ContinuousDecoder(model, **args, lexical_shortlist=everything), waves, 2)
     for number, hyps in plain.items():
         assert_same_hypotheses([listed[number]], [hyps], 1e-5)

@@ -210,7 +210,8 @@ class ContinuousDecoder:
 
     def __init__(self, model, options: DecodeConfig | None = None, *,
                  limit: int | None = None, fixed_length: int | None = None, pick=None,
-                 join_wait: int = 2, shortlist: Shortlist | None = None, **overrides):
+                 join_wait: int = 2, lexical_shortlist: Shortlist | None = None,
+                 **overrides):
         beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = (
             getattr(search_options(options, overrides), name) for name in BEAM_FIELDS)
         self.model = model
@@ -223,7 +224,7 @@ class ContinuousDecoder:
         self.pick = pick
         """Sampling: ``generator -> (log-probs (n, V) -> (scores (n,), tokens (n,)))``, the
         draw of :meth:`ranmt.inference.sampling.Sampler.pick`."""
-        self.shortlist = shortlist
+        self.shortlist = lexical_shortlist
         """A lexical shortlist (``ranmt.inference.shortlist``): the batch's output layer is
         restricted to the union of its lines' lists (:meth:`_grow_vocabulary`)."""
         self.vocabulary: Tensor | None = None

@@ -266,8 +266,8 @@ class Translator:
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
             return ContinuousDecoder(self.model, d, beam=1, nbest=1, pick=sampler.pick,
-                                     shortlist=shortlist), d
-        return ContinuousDecoder(self.model, d, shortlist=shortlist), d
+                                     lexical_shortlist=shortlist), d
+        return ContinuousDecoder(self.model, d, lexical_shortlist=shortlist), d
 
     def encode_sources(self, sentences: list[str]) -> list[list[int]]:
         """Raw sentences -> source subword ids (an empty or blank line -> [])."""

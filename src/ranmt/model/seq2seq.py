@@ -19,9 +19,8 @@ from ranmt.attention import AttentionSpec, build_attention, build_shared, reorde
 from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
-from ranmt.inference.quantize import restricted_int8_linear
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
-from ranmt.runtime.packed import inference_linear, use_packed_linears
+from ranmt.runtime.packed import inference_linear, restricted_int8_linear, use_packed_linears
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 

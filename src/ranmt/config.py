@@ -760,8 +760,9 @@ def decode_with(decode: DecodeConfig, **overrides) -> DecodeConfig:
     types and validated: the one way decoding options are applied (Translator, the grids,
     validation during training)."""
     # the fields declared now (DecodeConfig's), the given ones' values kept
+    declared = {f.name for f in dataclasses.fields(DecodeConfig)}
     out = DecodeConfig(**{f.name: getattr(decode, f.name) for f in dataclasses.fields(decode)
-                          if f.name in {g.name for g in dataclasses.fields(DecodeConfig)}})
+                          if f.name in declared})
     hints = typing.get_type_hints(DecodeConfig)
     for key, value in overrides.items():
         if value is None:

@@ -11,7 +11,7 @@ docs/SERVING.md), 413 for what is too large, 400 for the rest.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from pydantic import (
     BaseModel,
@@ -129,11 +129,9 @@ def served_decode_fields(server_limits: dict[str, float]) -> dict[str, tuple]:
     bounds and the server's cap (``server_le``: a number or a name in ``server_limits``)
     where the declaration has no upper bound, the declared help, and the declared default
     or None (``server_default="checkpoint"``; an enumeration: None = not used)."""
-    import typing
-
     from ranmt.config import DecodeConfig, decode_fields
 
-    hints = typing.get_type_hints(DecodeConfig)
+    hints = get_type_hints(DecodeConfig)
     fields = {}
     for spec in decode_fields(served=True):
         meta, kind = spec.metadata, hints[spec.name]
@@ -141,19 +139,18 @@ def served_decode_fields(server_limits: dict[str, float]) -> dict[str, tuple]:
         cap = meta["server_le"]
         if cap is not None and "le" not in bounds and "lt" not in bounds:
             bounds["le"] = server_limits[cap] if isinstance(cap, str) else cap
-        if typing.get_origin(kind) is Literal:
-            choices = tuple(c for c in typing.get_args(kind) if c != "none")
+        if get_origin(kind) is Literal:
+            choices = tuple(c for c in get_args(kind) if c != "none")
             annotation, default = Literal[choices] | None, None
         else:
             annotation, default = _STRICT[kind], spec.default
-        note = ""
+        description = meta["help"]
         if meta["server_default"] == "checkpoint":
             annotation, default = annotation | None, None
-            note = f" (default: the checkpoint's decode.{spec.name}, as `ranmt translate` " \
-                   "uses it" + (f"; at most the server's {cap}" if isinstance(cap, str) else
-                               "") + ")"
-        fields[spec.name] = (annotation, Field(default, description=meta["help"] + note,
-                                               **bounds))
+            most = f"; at most the server's {cap}" if isinstance(cap, str) else ""
+            description += (f" (default: the checkpoint's decode.{spec.name}, as `ranmt "
+                            f"translate` uses it{most})")
+        fields[spec.name] = (annotation, Field(default, description=description, **bounds))
     return fields
 
 

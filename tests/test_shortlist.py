@@ -143,3 +143,46 @@ def test_restricted_output_layer_equals_the_full_layers_columns(kind):
         assert torch.equal(restricted, full)
     else:
         torch.testing.assert_close(restricted, full, rtol=1e-5, atol=1e-5)
+
+
+def test_the_server_decodes_with_the_shortlist_when_asked(reverse_run, reverse_data, tmp_path,
+                                                          monkeypatch):
+    """`shortlist` is a request field (declared served in DecodeConfig): asked for, the
+    model's step-level decoder gets its shortlist and greedy answers keep the full layer's
+    output wherever a line's list holds it; asked of a model without one, a 400 naming it."""
+    from fastapi.testclient import TestClient
+
+    import ranmt.inference.translator as translator_module
+    from ranmt.serving.app import ServeLimits, create_app
+
+    shortlisted = tmp_path / "shortlisted"
+    shutil.copytree(reverse_run, shortlisted, symlinks=True)
+    main(["shortlist", "--data", str(reverse_data), "--out", str(shortlisted), "--k", "6",
+          "--frequent", "4"])
+    translators = {"listed": Translator.load(shortlisted, device="cpu", beam=1),
+                   "bare": Translator.load(reverse_run, device="cpu", beam=1)}
+    given = []
+    real = translator_module.ContinuousDecoder
+    monkeypatch.setattr(translator_module, "ContinuousDecoder",
+                        lambda model, options, **k: given.append(k.get("lexical_shortlist"))
+                        or real(model, options, **k))
+    lines = raw_text(reverse_data, "test", "src")[:20]
+    limits = ServeLimits(workers="thread", batch_window_ms=1)
+    with TestClient(create_app(translators, limits)) as client:
+        full = client.post("/translate", json={"text": lines, "model": "listed"}).json()
+        listed = client.post("/translate", json={"text": lines, "model": "listed",
+                                                 "shortlist": True}).json()
+        refused = client.post("/translate", json={"text": ["a b"], "model": "bare",
+                                                  "shortlist": True})
+    assert given[0] is None and isinstance(given[-1], Shortlist)
+    shortlist = Shortlist.load(shortlisted / SHORTLIST_FILE)
+    src_vocab, tgt_vocab = translators["listed"].src_vocab, translators["listed"].tgt_vocab
+    covered = 0
+    for line, want, have in zip(lines, full["translations"], listed["translations"]):
+        allowed = set(shortlist.vocabulary(torch.tensor([src_vocab.encode([line])[0]])).tolist())
+        if set(tgt_vocab.encode([want["text"]])[0]) <= allowed:
+            covered += 1
+            assert have["text"] == want["text"]
+    assert covered >= 15, covered
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith("'shortlist': model 'bare' has no lexical")

@@ -316,7 +316,8 @@ class DecodeConfig:
     shortlist: bool = decode_option(
         False, "restrict the output layer of each batch to its source words' candidates in "
                "the checkpoint's lexical shortlist (shortlist.safetensors beside it, written "
-               "by ranmt shortlist; ranmt.inference.shortlist)")
+               "by ranmt shortlist; ranmt.inference.shortlist)", served=True,
+        server_default="checkpoint")
 
 
 def decode_fields(group: str | None = None, served: bool | None = None

@@ -250,6 +250,17 @@ def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
     return beam, nbest
 
 
+def _check_shortlist(name: str, translator: Translator, parsed) -> None:
+    """A request asking for the lexical shortlist of a model that has none is a 400 (the
+    model's worker would fail on it)."""
+    if parsed.shortlist:
+        try:
+            translator.lexical_shortlist()
+        except (FileNotFoundError, ValueError):
+            raise RequestError(400, f"'shortlist': model '{name}' has no lexical shortlist "
+                                    "(build one with `ranmt shortlist`)") from None
+
+
 def _decoding_options(parsed) -> dict[str, Any]:
     """The served DecodeConfig fields of a parsed request (their declarations list them):
     those of the sampling group only when it samples, None (the checkpoint's) left out."""
@@ -349,6 +360,7 @@ def _add_work_endpoints(app: FastAPI, served: ServedModels) -> None:
         if parsed.prefix is not None:
             prefixes = _target_ids(translator, parsed.prefix, "prefix")
         beam, nbest = _beam_and_nbest(translator, parsed, limits)
+        _check_shortlist(name, translator, parsed)
         parsed = parsed.model_copy(update={"beam": beam, "nbest": nbest})
         work = Work.translate(**_decoding_options(parsed))
         results = await served.run_job(request, name, ids, work, prefixes, parsed.timeout_s)

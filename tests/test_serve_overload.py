@@ -238,6 +238,8 @@ def _metric_with(client, headers, name: str, **labels) -> float:
 
 
 def test_openapi_lists_every_request_field_with_the_servers_bounds(translators):
+    from ranmt.config import decode_fields
+
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, request_timeout_s=30)
     with TestClient(create_app(translators, limits)) as client:
         schema = client.get("/openapi.json").json()
@@ -245,9 +247,11 @@ def test_openapi_lists_every_request_field_with_the_servers_bounds(translators):
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
     request = schema["components"]["schemas"][body["schema"]["$ref"].split("/")[-1]]
     fields = request["properties"]
-    assert set(fields) == {"text", "model", "beam", "nbest", "attention", "timeout_s", "prefix",
-                           "alignment", "sampling", "topk", "topp", "epsilon", "temperature",
-                           "seed"}
+    served = {"beam", "nbest", "sampling", "topk", "topp", "epsilon", "temperature", "seed",
+              "shortlist"}  # DecodeConfig's fields declared served
+    assert served == {spec.name for spec in decode_fields(served=True)}
+    assert set(fields) == {"text", "model", "attention", "timeout_s", "prefix",
+                           "alignment"} | served
     assert request["required"] == ["text"] and request["additionalProperties"] is False
     assert fields["text"]["maxItems"] == 10 and fields["text"]["minItems"] == 1
     assert fields["text"]["items"]["maxLength"] == 200

@@ -365,10 +365,13 @@ class ContinuousDecoder:
         if self.cache is not None:
             self._restrict(self.cache)
 
-    def _restrict(self, cache) -> None:
-        """The batch's vocabulary on every member of ``cache``, its output layer rebuilt."""
-        for member in cache.members:
-            member.vocabulary, member.output = self.vocabulary, None
+    def _restrict(self, cache, like=None) -> None:
+        """The batch's vocabulary on every member of ``cache``: its output layer rebuilt, or
+        taken from ``like`` (the running cache, whose layer is already built for it)."""
+        built = [None] * len(cache.members) if like is None else \
+            [member.output for member in like.members]
+        for member, output in zip(cache.members, built):
+            member.vocabulary, member.output = self.vocabulary, output
 
     def _as_ids(self, done: list[tuple[Any, Hypotheses]]) -> list[tuple[Any, Hypotheses]]:
         """Finished hypotheses with target ids (their tokens are indices into the batch's
@@ -417,8 +420,8 @@ class ContinuousDecoder:
         memory, pad_mask, _ = model.encode(src)
         # The first step with one row a line: a line's beams all start from BOS alike.
         cache = model.init_cache(memory, pad_mask)
-        if self.vocabulary is not None:
-            self._restrict(cache)
+        if self.vocabulary is not None:  # the running batch's layer, not packed twice
+            self._restrict(cache, self.cache)
         _set_positions(cache, torch.zeros(count, dtype=torch.long, device=device), 1)
         prev = torch.full((count, 1), BOS_ID, dtype=torch.long, device=device)
         logprobs = model.decode_step(prev, cache)  # (count, V)

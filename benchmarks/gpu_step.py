@@ -22,7 +22,11 @@ Sections (each a key of the JSON; ``--sections`` picks some):
   a fixed output length of 30, batches of 1 / 32 / 100 sentences: target tokens/s of each
   and the ratio;
 * ``profile``: the top-20 kernels (CUDA time on a GPU, CPU time elsewhere) of the bare
-  bf16 TransF step, eager and compiled.
+  bf16 TransF step, eager and compiled;
+* ``ran_kernel``: RAN-ALL's bf16 step with ``model.ran.kernel=explicit`` (softmax, dropout
+  and product apart), eager and compiled, at the first token count: against ``step``'s
+  RAN-ALL rows, which take ``auto`` = the matrix and padding as one bias into
+  ``scaled_dot_product_attention`` on CUDA (last: a time-out loses nothing else).
 
 ``--dry-run`` runs every section at test sizes (``tiny``, 2 repeats, 200 tokens, TransF only,
 compiled rows through ``aot_eager``: Dynamo and AOTAutograd, no kernel generation) on the
@@ -49,12 +53,12 @@ from ranmt.runtime.precision import PrecisionPolicy
 from ranmt.training.train import allow_recompiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_train import make_step  # noqa: E402  (a sibling script)
+from profile_train import make_step, model_overrides  # noqa: E402  (a sibling script)
 
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 """Dense bf16 peak (FLOP/s) by a name in ``torch.cuda.get_device_name()``: NVIDIA's data
 sheets (SXM parts)."""
-SECTIONS = ("step", "big", "marian", "decode", "profile")
+SECTIONS = ("step", "big", "marian", "decode", "profile", "ran_kernel")
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -65,9 +69,7 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def parameters_of(preset: str, arch: str, vocab: int) -> int:
-    cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
-                             "model.src_vocab_size": str(vocab),
-                             "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
+    cfg = load_config(None, model_overrides(arch, preset, vocab))
     return count_parameters(build_model(cfg.model))["total"]
 
 
@@ -246,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         "marian": lambda: marian_rows(args, args.tokens[0], peak),
         "decode": lambda: decode_rows(args),
         "profile": lambda: profile_rows(args),
+        "ran_kernel": lambda: step_rows(args, args.preset, ["ran-all,model.ran.kernel=explicit"],
+                                        ["bf16"], args.tokens[:1], peak),
     }
     for name in args.sections:
         start = time.perf_counter()

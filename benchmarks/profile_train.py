@@ -24,6 +24,9 @@ loss (``ranmt.training.loss``) and, unless ``--default-allocator``, its malloc t
     python benchmarks/profile_train.py --arch transf ran-all --fast-masks --no-profile
     python benchmarks/profile_train.py --device cuda --preset base --sentences 640 --out DIR
     python benchmarks/profile_train.py --device cuda --preset base --marian --no-profile
+
+An ``--arch`` may carry model overrides after commas, so two settings of one variant run
+side by side: ``--arch ran-all,model.ran.kernel=explicit ran-all,model.ran.kernel=sdpa``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,21 @@ def marian_forward(model_config, device: torch.device):
     return forward, marian.parameters()
 
 
+def model_overrides(arch: str, preset: str, vocab: int) -> dict[str, str]:
+    """The config overrides of ``arch`` = ``NAME[,KEY=VALUE...]`` at ``preset`` with a
+    joint vocabulary of ``vocab``."""
+    name, *settings = arch.split(",")
+    overrides = {"model.preset": preset, "model.arch": name,
+                 "model.src_vocab_size": str(vocab), "model.tgt_vocab_size": str(vocab),
+                 "model.joint_vocab": "true"}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise ValueError(f"--arch {arch}: '{setting}' is not KEY=VALUE")
+        overrides[key] = value
+    return overrides
+
+
 def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, seed: int = 0,
               preset: str = "small", device: torch.device | None = None,
               backend: str = "inductor"):
@@ -79,9 +97,7 @@ def make_step(arch: str, mode: str, sentences: int, length: int, vocab: int, see
     ``device`` (on CUDA the step ends with a synchronize, so a wall clock times it);
     compiled modes through ``torch.compile`` with ``backend``."""
     device = device or torch.device("cpu")
-    cfg = load_config(None, {"model.preset": preset, "model.arch": arch,
-                             "model.src_vocab_size": str(vocab),
-                             "model.tgt_vocab_size": str(vocab), "model.joint_vocab": "true"})
+    cfg = load_config(None, model_overrides(arch, preset, vocab))
     torch.manual_seed(seed)
     fast = mode.endswith("+fast")
     marian = mode.startswith("marian-")

@@ -20,10 +20,13 @@ from ranmt.training.loss import teacher_forced_loss
 
 VOCAB = 40
 # One of each family: dot product, RAN (learned matrices refined up the stack, both
-# stacks), hard-coded Gaussian, and a recurrent cross-attention (a loop over target steps).
+# stacks; either kernel), hard-coded Gaussian, and a recurrent cross-attention (a loop over
+# target steps).
 VARIANTS = {
     "transf": {"model.arch": "transf"},
     "ran-all": {"model.arch": "ran-all"},
+    # the matrix + padding as one bias into scaled_dot_product_attention (CUDA's default)
+    "ran-all-sdpa": {"model.arch": "ran-all", "model.ran.kernel": "sdpa"},
     "hc-sa": {"model.arch": "hc-sa"},
     "concat-prev-context": {"model.arch": "transf",
                             "model.decoder.cross_attention": "concat-prev-context"},

@@ -25,7 +25,10 @@ def test_the_gpu_step_dry_run_writes_every_section(tmp_path, monkeypatch):
     modes = {row["mode"] for row in result["step"]}
     assert modes == {"fp32", "fp32-compiled", "bf16", "bf16-compiled", "bf16-weights",
                      "bf16-weights-compiled"}
-    for row in result["step"] + result["big"] + result["marian"]:
+    assert [(row["arch"], row["mode"]) for row in result["ran_kernel"]] == [
+        ("ran-all,model.ran.kernel=explicit", "bf16"),
+        ("ran-all,model.ran.kernel=explicit", "bf16-compiled")]
+    for row in result["step"] + result["big"] + result["marian"] + result["ran_kernel"]:
         assert "error" not in row, row
         assert row["seconds_per_step"] > 0 and row["target_tokens_per_s"] > 0
         assert row["mfu"] is None  # no peak known for a CPU

@@ -136,14 +136,17 @@ def test_default_init_is_the_authors_and_config_selects_per_head():
 
 @pytest.mark.parametrize("arch,component", [("ran-e", "encoder"), ("ran-d", "decoder"),
                                             ("syn-r", "encoder"), ("syn-r", "decoder")])
-def test_attention_dropout_masks_differ_across_sentences(arch, component):
+@pytest.mark.parametrize("kernel", ["explicit", "sdpa"])
+def test_attention_dropout_masks_differ_across_sentences(arch, component, kernel):
     """Identical sentences in one batch must get different attention-dropout masks (the
-    decoder's training path once drew one (1, H, T, S) mask for the whole batch)."""
+    decoder's training path once drew one (1, H, T, S) mask for the whole batch), with
+    either kernel."""
     key = "model.synthesizer.attention_dropout" if arch == "syn-r" \
         else "model.ran.attention_dropout"
     model, cfg = tiny_model(**{"model.arch": arch, key: "0.5", "model.dropout": "0.0"})
     layer = getattr(model, component).layers[0]
     attention = layer.self_attention
+    attention.kernel = kernel
     attention.train()
     torch.manual_seed(0)
     x = torch.randn(1, 9, cfg.model.d_model).expand(6, -1, -1)  # 6 identical sentences
@@ -156,6 +159,46 @@ def test_attention_dropout_masks_differ_across_sentences(arch, component):
     out = attention(x, x, causal=causal, state=state).context
     for i in range(1, 6):
         torch.testing.assert_close(out[0], out[i])
+
+
+def _set_kernel(model, kernel: str) -> None:
+    for module in model.modules():
+        if hasattr(module, "kernel"):
+            module.kernel = kernel
+
+
+@pytest.mark.parametrize("arch", ["ran-e", "ran-d", "ran-all", "syn-r"])
+def test_fused_bias_kernel_equals_explicit_softmax(arch):
+    """model.ran.kernel=sdpa (the matrix + padding as one additive bias into
+    scaled_dot_product_attention, queries and keys of zeros) computes the explicit path's
+    function: outputs and every gradient, padded sources (row 1) and training mode."""
+    results = {}
+    for kernel in ("explicit", "sdpa"):
+        model, _ = tiny_model(**{"model.arch": arch, "model.dropout": "0.0",
+                                 "model.ran.attention_dropout": "0.0",
+                                 "model.synthesizer.attention_dropout": "0.0"})
+        _set_kernel(model, kernel)
+        model.train()
+        src, tgt = random_batch()
+        logits = model(src, tgt)  # (B, T, V)
+        (logits.log_softmax(-1)[..., 5] * torch.arange(1, 4.0)[:, None]).sum().backward()
+        results[kernel] = (logits.detach(), {name: p.grad for name, p in
+                                             model.named_parameters() if p.grad is not None})
+    (explicit, explicit_grads), (fused, fused_grads) = results["explicit"], results["sdpa"]
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    assert fused_grads.keys() == explicit_grads.keys()
+    for name, grad in explicit_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_kernel_option_reaches_the_layers_and_is_checked():
+    model, _ = tiny_model(**{"model.arch": "ran-all", "model.ran.kernel": "sdpa"})
+    kernels = {m.kernel for m in model.modules() if hasattr(m, "kernel")}
+    assert kernels == {"sdpa"}
+    default, _ = tiny_model(**{"model.arch": "ran-all"})
+    assert {m.kernel for m in default.modules() if hasattr(m, "kernel")} == {"auto"}
+    with pytest.raises(ValueError, match="model.ran.kernel"):
+        tiny_model(**{"model.arch": "ran-all", "model.ran.kernel": "flash"})
 
 
 @pytest.mark.parametrize("arch", ["ran-e", "ran-d", "ran-all", "syn-r"])

@@ -16,9 +16,22 @@ decoder's causal softmax is cached too. Incremental decoding keeps only the valu
 In training, attention dropout draws an independent mask for every sentence of the batch:
 weights shared by the batch (1, H, T, S) are expanded to (B, H, T, S) before the mask is
 drawn.
+
+Kernel (``kernel``: ``model.ran.kernel``; the Synthesizer uses ``auto``): ``explicit``
+computes the softmax in fp32, the dropout and the product with the values as separate
+operations (what a CPU runs fastest, with ``train.dropout_masks=fast``); ``sdpa`` gives the
+matrix rows with ``-inf`` at blocked keys, in the values' dtype, to
+``scaled_dot_product_attention`` as its additive ``attn_mask``, with queries and keys of
+zeros and scale 1 (so ``q k^T`` adds nothing): softmax, dropout and the product in one fused
+kernel (on CUDA the memory-efficient kernel, which also returns the bias's gradient), no
+(B, H, T, S) fp32 weights written and read back. ``auto`` = ``sdpa`` on CUDA, ``explicit``
+elsewhere. Both compute the same function (tested); decoding steps never take this path.
 """
 
 from __future__ import annotations
+
+import typing
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +49,10 @@ from ranmt.attention.base import (
 from ranmt.attention.base import split_heads as _split
 from ranmt.attention.cache import AttentionCache
 from ranmt.runtime.dropout import dropout
+
+MatrixKernel = Literal["auto", "sdpa", "explicit"]
+"""How a full pass computes softmax(M_l + mask) x W_v (module docstring)."""
+KERNELS: tuple[str, ...] = typing.get_args(MatrixKernel)
 
 
 def xavier_per_head_(matrix: Tensor) -> Tensor:
@@ -59,8 +76,11 @@ class LearnedMatrixAttention(Attention):
     roles = ("encoder_self", "decoder_self")
     input_agnostic = True
 
-    def __init__(self, spec: AttentionSpec, dropout: float):
+    def __init__(self, spec: AttentionSpec, dropout: float, kernel: str = "auto"):
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"attention kernel '{kernel}' unknown; choose from {KERNELS}")
+        self.kernel = kernel
         self.heads = spec.heads
         self.max_positions = spec.max_positions
         self.layer_index = spec.layer_index
@@ -88,6 +108,10 @@ class LearnedMatrixAttention(Attention):
     def _use_cache(self) -> bool:
         return not self.training and not torch.is_grad_enabled()
 
+    def _fused_kernel(self, values: Tensor) -> bool:
+        """Whether a full pass takes ``scaled_dot_product_attention`` (``kernel``)."""
+        return self.kernel == "sdpa" or (self.kernel == "auto" and values.is_cuda)
+
     def _check_length(self, length: int) -> None:
         if length > self.max_positions:
             raise ValueError(f"sequence of {length} positions exceeds the learned "
@@ -109,9 +133,13 @@ class LearnedMatrixAttention(Attention):
                 matrix, next_state = self.inference_matrix()[:, :q_len], None
             else:
                 matrix, next_state = self.layer_matrix(state, q_len)  # (H, T, N)
-            scores = matrix[None, :, :q_len, :k_len].float()  # (1, H, T, S)
+            scores = matrix[None, :, :q_len, :k_len]  # (1, H, T, S)
             allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device,
                                  masks)
+            if not need_weights and self._fused_kernel(values):
+                context = self._bias_attention(scores, allowed, values, masks)
+                return AttnOutput(self.out_proj(merge_heads(context)), None, next_state)
+            scores = scores.float()
             if allowed is not None:
                 scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
@@ -123,6 +151,24 @@ class LearnedMatrixAttention(Attention):
         context = dropped @ values  # (B, H, T, d_h)
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, next_state)
+
+    def _bias_attention(self, scores: Tensor, allowed: Tensor | None, values: Tensor,
+                        masks) -> Tensor:
+        """softmax(scores + mask) values in one ``scaled_dot_product_attention`` call:
+        scores (1, H, T, S), values (B, H, S, d_h) -> (B, H, T, d_h). The bias (B|1, H, T, S)
+        is the scores with -inf at keys not ``allowed``, in the values' dtype; queries and
+        keys are zeros (d_h wide, as the fused kernels want q, k and v alike) and the scale
+        1, so the kernel's q k^T adds 0 to it."""
+        bias = scores.to(values.dtype)
+        if allowed is not None:
+            bias = bias.masked_fill(blocked_mask(allowed, masks), float("-inf"))
+        batch, heads, k_len, head_dim = values.shape
+        bias = bias.expand(batch, heads, -1, -1)  # (B, H, T, S), a view where it was (1, ...)
+        zero_queries = values.new_zeros(batch, heads, bias.shape[2], head_dim)
+        zero_keys = values.new_zeros(batch, heads, k_len, head_dim)
+        dropout_p = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(zero_queries, zero_keys, values, attn_mask=bias,
+                                              dropout_p=dropout_p, scale=1.0)
 
     def _incremental(self, values: Tensor, cache: AttentionCache,
                      need_weights: bool) -> AttnOutput:

@@ -42,7 +42,9 @@ from torch import Tensor, nn
 
 from ranmt.attention.base import AttentionSpec, VersionedCache
 from ranmt.attention.learned_matrix import (
+    KERNELS,
     LearnedMatrixAttention,
+    MatrixKernel,
     causal_softmax,
     xavier_per_head_,
 )
@@ -73,9 +75,15 @@ class RANConfig:
     """Hidden size of the released code's feed-forward transition."""
     attention_dropout: float = 0.2
     """Dropout on RAN's attention weights (the paper uses 0.2)."""
+    kernel: MatrixKernel = "auto"
+    """How a full pass computes softmax(A_l + mask) x W_v: sdpa (the matrix and the padding
+    as one additive bias into scaled_dot_product_attention: one fused kernel) | explicit
+    (softmax, dropout and product apart) | auto (sdpa on CUDA, explicit elsewhere)."""
 
     def validate(self) -> None:
         check_dropout(self.attention_dropout)
+        if self.kernel not in KERNELS:
+            raise ValueError(f"model.ran.kernel '{self.kernel}' unknown; choose from {KERNELS}")
 
 _FEED_FORWARD = ("released_code", "released_ln_ffn")
 
@@ -160,7 +168,7 @@ class RecurrentAttention(LearnedMatrixAttention):
 
     def __init__(self, spec: AttentionSpec):
         options = spec.options["ran"]
-        super().__init__(spec, options.attention_dropout)
+        super().__init__(spec, options.attention_dropout, options.kernel)
         if spec.shared is None:
             raise ValueError("RAN needs the stack's shared module (built by build_shared)")
         self.shared = spec.shared

@@ -13,7 +13,10 @@ measurement.
 ``--precision bf16`` / ``int8`` profile the bf16 or int8-quantized decoder (a checkpoint may
 be given once per precision with ``--precision`` listing several: every checkpoint is
 profiled in each); ``--fixed-length 30`` makes every hypothesis 30 tokens long, as in the
-speed comparisons against CTranslate2.
+speed comparisons against CTranslate2; ``--shortlist`` restricts the output layer to each
+batch's lexical shortlist (the checkpoint's ``shortlist.safetensors``), as ``ranmt translate
+--shortlist`` does; ``--threads`` sets PyTorch's intra-op threads (Bergamot's deployed
+setting: ``--beam 1 --batch 32 --threads 1``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import load_split
 from ranmt.inference.decode import search
+from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
 
 
@@ -100,7 +104,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="decoder precision(s) to profile, each checkpoint in each")
     parser.add_argument("--fixed-length", type=int, default=None,
                         help="every hypothesis exactly this many tokens (EOS forced there)")
+    parser.add_argument("--shortlist", action="store_true",
+                        help="restrict the output layer to each batch's lexical shortlist")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="PyTorch intra-op threads (default: PyTorch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.reference:
         from ranmt.runtime import packed
 
@@ -121,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         label_parts(model)
         name = f"{cfg.model.arch} {precision}:{checkpoint}"
 
-        def decode(src, model=model):
+        def decode(src, model=model, translator=translator):
+            if args.shortlist:
+                model = RestrictedOutput(model, translator.lexical_shortlist().vocabulary(src))
             return search(model, src, beam=args.beam, lenpen=0.6, lenpen_style="gnmt",
                           max_len_a=1.2, max_len_b=10, nbest=1,
                           fixed_length=args.fixed_length, reference=args.reference)

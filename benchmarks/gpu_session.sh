@@ -129,6 +129,9 @@ sdpa_step() {
 #    trainer's fill and tok/s (its log line), bf16 and bf16-weights, 60 steps each.
 #    Dry run on any machine: python benchmarks/gpu_step.py --dry-run --device cpu
 issue68_step() {
+    # RAN's fused bias kernel (model.ran.kernel=auto: sdpa on CUDA) = the explicit path
+    timeout 30 python -m pytest -q -m gpu tests/test_cuda.py -p no:cacheprovider \
+        -k fused_bias_kernel
     timeout 420 python benchmarks/gpu_step.py --device cuda --out "$OUT/gpu_step.json"
     STEPS=60 RUNS="transf-bf16 transf-bf16w transf-bf16-auto8" train_issue68
 }

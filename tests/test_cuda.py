@@ -76,6 +76,28 @@ def test_forward_on_cuda_equals_cpu(overrides):
     torch.testing.assert_close(on_gpu, on_cpu, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["ran-all", "syn-r"])
+def test_fused_bias_kernel_on_cuda_equals_explicit_on_cpu(arch):
+    """Training mode on CUDA takes the matrix + padding as one bias into
+    scaled_dot_product_attention (``model.ran.kernel=auto``); its outputs and gradients are
+    the CPU's explicit softmax path's (dropout off, fp32, TF32 off), padded sources."""
+    results = []
+    for device in ("cpu", "cuda"):
+        model, _ = tiny_model(**{"model.arch": arch, "model.dropout": "0.0",
+                                 "model.ran.attention_dropout": "0.0",
+                                 "model.synthesizer.attention_dropout": "0.0"})
+        model.to(device).train()
+        src, tgt = (t.to(device) for t in random_batch(batch=4, src_len=9, tgt_len=7))
+        logits = model(src, tgt)  # (B, T, V)
+        logits.log_softmax(-1)[..., 5].sum().backward()
+        results.append((logits.detach().cpu(), [p.grad.cpu() for p in model.parameters()
+                                                if p.grad is not None]))
+    (cpu_logits, cpu_grads), (gpu_logits, gpu_grads) = results
+    torch.testing.assert_close(gpu_logits, cpu_logits, atol=1e-4, rtol=1e-4)
+    for got, expected in zip(gpu_grads, cpu_grads, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_equals_full_forward_on_cuda(arch):
     model, _ = tiny_model(**{"model.arch": arch})

@@ -19,8 +19,9 @@ drawn.
 
 Kernel (``kernel``: ``model.ran.kernel``; the Synthesizer uses ``auto``): ``explicit``
 computes the softmax in fp32, the dropout and the product with the values as separate
-operations (what a CPU runs fastest, with ``train.dropout_masks=fast``); ``sdpa`` gives the
-matrix rows with ``-inf`` at blocked keys, in the values' dtype, to
+operations (the default off CUDA: on a 2-core Zen 3 level with ``sdpa`` under
+``train.dropout_masks=fast``, 0.93x it with PyTorch's masks; docs/PERFORMANCE.md);
+``sdpa`` gives the matrix rows with ``-inf`` at blocked keys, in the values' dtype, to
 ``scaled_dot_product_attention`` as its additive ``attn_mask``, with queries and keys of
 zeros and scale 1 (so ``q k^T`` adds nothing): softmax, dropout and the product in one fused
 kernel (on CUDA the memory-efficient kernel, which also returns the bias's gradient), no

@@ -363,6 +363,40 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
         run_experiment(path, tables_only=True, baselines=["RAN-X"])
 
 
+def test_a_variant_runs_only_with_its_own_seeds(tmp_path):
+    """A variant's ``seeds`` (a teacher trained once) restricts its cells, in the grid, the
+    selection and the dry-run plan; seeds outside the grid's, or a distilled dataset whose
+    teacher seed its variant never runs, are errors."""
+    from ranmt.experiment.plan import plan_experiment
+    from ranmt.experiment.spec import load_experiment
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["seeds"] = [1, 2, 3]
+    config["variants"][1]["seeds"] = [2]
+    path.write_text(yaml.safe_dump(config))
+    grid = load_experiment(path)
+    cells = [(c.variant.name, c.seed) for c in grid.cells()]
+    assert cells == [("TransF", 1), ("TransF", 2), ("RAN-ALL", 2), ("TransF", 3)]
+    assert [(c.variant.name, c.seed) for c in grid.select(["RAN-ALL"], None)] == \
+        [("RAN-ALL", 2)]
+    assert grid.select(["RAN-ALL"], [1]) == []
+    planned = [(c["variant"], c["seed"])
+               for c in plan_experiment(path, log=lambda *_: None)["cells"]]
+    assert sorted(planned) == sorted(cells)
+    config["variants"][1]["seeds"] = [4]
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"RAN-ALL: seeds \[4\]"):
+        load_experiment(path)
+    config["variants"][1]["seeds"] = [2]
+    config["datasets"].append({"name": "distilled", "src": "src", "tgt": "tgt",
+                               "distill": {"teacher": {"dataset": "reverse",
+                                                       "variant": "RAN-ALL", "seed": 1}}})
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="does not run with seed 1"):
+        load_experiment(path)
+
+
 def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):
     path = _grid(tmp_path)
     with pytest.raises(ConfigError, match="not in the grid"):

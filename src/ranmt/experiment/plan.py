@@ -105,7 +105,7 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
         for variant in experiment.variants:
             if not variant.runs_on(dataset.name):
                 continue
-            for seed in experiment.seeds:
+            for seed in (s for s in experiment.seeds if variant.runs_on(dataset.name, s)):
                 known = sizes.get(variant.name, {}).get("parameters")
                 cell = _cell_plan(Cell(experiment, dataset, variant, seed), root, known)
                 plan["cells"].append(cell)

@@ -66,9 +66,14 @@ class Variant:
     overrides: dict = field(default_factory=dict)
     datasets: tuple[str, ...] | None = None
     """The datasets this variant runs on (None: every dataset of the grid)."""
+    seeds: tuple[int, ...] | None = None
+    """The seeds this variant runs with, a subset of the grid's (None: all of them): e.g. a
+    teacher trained once for its students."""
 
-    def runs_on(self, dataset: str) -> bool:
-        return self.datasets is None or dataset in self.datasets
+    def runs_on(self, dataset: str, seed: int | None = None) -> bool:
+        """Whether the variant has a cell on ``dataset`` (with ``seed``, when given)."""
+        return ((self.datasets is None or dataset in self.datasets)
+                and (seed is None or self.seeds is None or seed in self.seeds))
 
 
 @dataclass
@@ -95,7 +100,7 @@ class Experiment:
         """Every cell of the grid, seed-major: every variant's first seed comes before any
         second seed, so that a grid cut short still compares every variant."""
         return [Cell(self, d, v, s) for d in self.datasets for s in self.seeds
-                for v in self.variants if v.runs_on(d.name)]
+                for v in self.variants if v.runs_on(d.name, s)]
 
     def cell_dir(self, dataset: str, variant: str, seed: int) -> Path:
         """A cell's folder (cell.json, hypotheses, train.log) by names."""
@@ -224,11 +229,19 @@ def load_experiment(path: str | Path) -> Experiment:
     if len(set(names)) != len(names) or None in names:
         raise ConfigError(f"{path}: every variant needs a unique name")
     dataset_names = [d.name for d in datasets]
+    seeds = list(raw.get("seeds", [1, 2, 3]))
+    variant_keys = {"name", "overrides", "datasets", "seeds"}
     for entry in raw["variants"]:
-        if set(entry) - {"name", "overrides", "datasets"}:
+        if set(entry) - variant_keys:
             raise ConfigError(f"{path}: variant {entry['name']}: unknown key(s) "
-                              f"{sorted(set(entry) - {'name', 'overrides', 'datasets'})}; a "
-                              "variant has a name, overrides and optionally datasets")
+                              f"{sorted(set(entry) - variant_keys)}; a variant has a name, "
+                              "overrides and optionally datasets and seeds")
+        if "seeds" in entry:
+            outside = sorted(set(entry["seeds"]) - set(seeds))
+            if outside or not entry["seeds"]:
+                raise ConfigError(f"{path}: variant {entry['name']}: seeds "
+                                  f"{outside or '[]'} are not a part of the grid's {seeds}")
+            entry["seeds"] = tuple(entry["seeds"])
         if "datasets" in entry:
             unknown = sorted(set(entry["datasets"]) - set(dataset_names))
             if unknown:
@@ -241,7 +254,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ConfigError(f"{path}: baseline '{baseline}' is not one of the variants {names}")
     return Experiment(
         name=raw.get("name", path.stem), out=Path(raw.get("out", f"experiments/{path.stem}")),
-        datasets=datasets, variants=raw["variants"], seeds=list(raw.get("seeds", [1, 2, 3])),
+        datasets=datasets, variants=raw["variants"], seeds=seeds,
         baseline=baseline, base_config=raw.get("base_config"),
         overrides=dict(raw.get("overrides", {})), decode=dict(raw.get("decode", {})),
         bootstrap_samples=int(raw.get("bootstrap_samples", 1000)),
@@ -258,7 +271,7 @@ def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -
             if unknown:
                 raise ConfigError(f"{path}: dataset {dataset.name}: unknown distill key(s) "
                                   f"{unknown}")
-            source, variant, _ = dataset.teacher_cell()
+            source, variant, seed = dataset.teacher_cell()
             if source not in seen:
                 raise ConfigError(f"{path}: dataset {dataset.name} is distilled from dataset "
                                   f"'{source}', which must come before it in the grid")
@@ -266,6 +279,9 @@ def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -
             if entry is None or source not in entry.get("datasets", (source,)):
                 raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
                                   f"'{variant}' does not run on dataset '{source}'")
+            if seed not in entry.get("seeds", (seed,)):
+                raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
+                                  f"'{variant}' does not run with seed {seed}")
         seen.append(dataset.name)
 
 

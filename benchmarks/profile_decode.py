@@ -16,7 +16,8 @@ profiled in each); ``--fixed-length 30`` makes every hypothesis 30 tokens long, 
 speed comparisons against CTranslate2; ``--shortlist`` restricts the output layer to each
 batch's lexical shortlist (the checkpoint's ``shortlist.safetensors``), as ``ranmt translate
 --shortlist`` does; ``--threads`` sets PyTorch's intra-op threads (Bergamot's deployed
-setting: ``--beam 1 --batch 32 --threads 1``).
+setting: ``--beam 1 --batch 32 --threads 1``); ``--encoder-only`` profiles the encoder
+alone over the same batches (its operators and milliseconds per batch).
 """
 
 from __future__ import annotations
@@ -87,6 +88,29 @@ def label_parts(model: torch.nn.Module) -> None:
     wrap(model, "reorder_cache", "cache reorder")
 
 
+def profile_encoder(model: torch.nn.Module, batches: list, name: str, top: int) -> None:
+    """The encoder alone over ``batches`` (padded (B, S) sources): ms per batch (best of a
+    timed pass after a warm-up) and its operators by self CPU time under the profiler."""
+    with torch.inference_mode():
+        for src in batches:  # warm-up
+            model.encode(src)
+        start = time.perf_counter()
+        for src in batches:
+            model.encode(src)
+        seconds = time.perf_counter() - start
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for src in batches:
+                model.encode(src)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"\n== encoder of {name}: {1000 * seconds / len(batches):.1f} ms per batch "
+          f"({len(batches)} batches, unprofiled)")
+    print(f"{'operator':<50} {'self CPU %':>10} {'calls':>8}")
+    for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"{event.key:<50} {100 * event.self_cpu_time_total / total:>9.1f}% "
+              f"{event.count:>8}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", action="append", required=True)
@@ -108,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="restrict the output layer to each batch's lexical shortlist")
     parser.add_argument("--threads", type=int, default=None,
                         help="PyTorch intra-op threads (default: PyTorch's)")
+    parser.add_argument("--encoder-only", action="store_true",
+                        help="profile the encoder alone over the same batches")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -128,8 +154,11 @@ def main(argv: list[str] | None = None) -> None:
                                      quantize="int8" if precision == "int8" else "none",
                                      precision="bf16" if precision == "bf16" else "fp32")
         model, cfg = translator.model.eval(), translator.config
-        label_parts(model)
         name = f"{cfg.model.arch} {precision}:{checkpoint}"
+        if args.encoder_only:
+            profile_encoder(model, batches, name, args.top)
+            continue
+        label_parts(model)
 
         def decode(src, model=model, translator=translator):
             if args.shortlist:

@@ -22,13 +22,14 @@ and multiply-accumulates per second.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
-import warnings
 
 import torch
 from torch import nn
 
+from ranmt.inference.quantize import quantize_model
 from ranmt.runtime.packed import PackedLinear
 
 SHAPES = ((32, 256, 256), (32, 256, 1536), (32, 1536, 256), (32, 256, 3300),
@@ -41,10 +42,8 @@ def _kernels(in_features: int, out_features: int) -> dict[str, nn.Module]:
     plain = nn.Linear(in_features, out_features)
     packed = PackedLinear(in_features, out_features)
     packed.load_state_dict(plain.state_dict())
-    with warnings.catch_warnings():  # torch.ao's deprecation notices
-        warnings.simplefilter("ignore")
-        int8 = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear},
-                                                      dtype=torch.qint8)[0]
+    # the layer --quantize int8 makes (in place: of a copy)
+    int8 = quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]
     return {"fp32": plain, "fp32 packed": packed, "int8": int8}
 
 

@@ -101,13 +101,17 @@ def profile_encoder(model: torch.nn.Module, batches: list, name: str, top: int) 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for src in batches:
                 model.encode(src)
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
     print(f"\n== encoder of {name}: {1000 * seconds / len(batches):.1f} ms per batch "
           f"({len(batches)} batches, unprofiled)")
-    print(f"{'operator':<50} {'self CPU %':>10} {'calls':>8}")
+    print_top_operators(prof.key_averages(), top, width=50)
+
+
+def print_top_operators(events, top: int, width: int = 40) -> None:
+    """The ``top`` operators of a profile by self CPU time: share and calls."""
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"{'operator':<{width}} {'self CPU %':>10} {'calls':>8}")
     for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
-        print(f"{event.key:<50} {100 * event.self_cpu_time_total / total:>9.1f}% "
+        print(f"{event.key:<{width}} {100 * event.self_cpu_time_total / total:>9.1f}% "
               f"{event.count:>8}")
 
 
@@ -179,13 +183,9 @@ def main(argv: list[str] | None = None) -> None:
                     tokens += sum(len(h[0][0]) + 1 for h in hyps)
             seconds = time.perf_counter() - start
         events = prof.key_averages()
-        total = sum(e.self_cpu_time_total for e in events)
         print(f"\n== {name}: {seconds:.2f} s under the profiler, {tokens:,} target tokens, "
               f"{1000 * seconds / tokens:.2f} ms per token")
-        print(f"{'operator':<40} {'self CPU %':>10} {'calls':>8}")
-        for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
-            print(f"{event.key:<40} {100 * event.self_cpu_time_total / total:>9.1f}% "
-                  f"{event.count:>8}")
+        print_top_operators(events, args.top)
         macs = decoder_macs_per_token(cfg)
         totals[name] = (seconds / tokens, sum(macs.values()))
         inclusive = {e.key: e.cpu_time_total for e in events}

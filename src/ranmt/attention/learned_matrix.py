@@ -134,15 +134,17 @@ class LearnedMatrixAttention(Attention):
                 matrix, next_state = self.inference_matrix()[:, :q_len], None
             else:
                 matrix, next_state = self.layer_matrix(state, q_len)  # (H, T, N)
-            scores = matrix[None, :, :q_len, :k_len]  # (1, H, T, S)
+            fused = not need_weights and self._fused_kernel(values)
+            # (1, H, T, S): the fused kernel's bias in the values' dtype, else fp32 scores
+            scores = matrix[None, :, :q_len, :k_len].to(
+                values.dtype if fused else torch.float32)
             allowed = build_mask(key_padding_mask, causal, q_len, k_len, 0, query.device,
                                  masks)
-            if not need_weights and self._fused_kernel(values):
-                context = self._bias_attention(scores, allowed, values, masks)
-                return AttnOutput(self.out_proj(merge_heads(context)), None, next_state)
-            scores = scores.float()
             if allowed is not None:
                 scores = scores.masked_fill(blocked_mask(allowed, masks), float("-inf"))
+            if fused:
+                context = self._bias_attention(scores, values)
+                return AttnOutput(self.out_proj(merge_heads(context)), None, next_state)
             weights = torch.softmax(scores, dim=-1).to(values.dtype)  # (B|1, H, T, S)
         if self.training and self.dropout > 0:
             # One dropout mask per sentence, as in any dropout: weights shared by the batch
@@ -153,16 +155,11 @@ class LearnedMatrixAttention(Attention):
         out_weights = weights.expand(values.shape[0], -1, -1, -1) if need_weights else None
         return AttnOutput(self.out_proj(merge_heads(context)), out_weights, next_state)
 
-    def _bias_attention(self, scores: Tensor, allowed: Tensor | None, values: Tensor,
-                        masks) -> Tensor:
-        """softmax(scores + mask) values in one ``scaled_dot_product_attention`` call:
-        scores (1, H, T, S), values (B, H, S, d_h) -> (B, H, T, d_h). The bias (B|1, H, T, S)
-        is the scores with -inf at keys not ``allowed``, in the values' dtype; queries and
-        keys are zeros (d_h wide, as the fused kernels want q, k and v alike) and the scale
-        1, so the kernel's q k^T adds 0 to it."""
-        bias = scores.to(values.dtype)
-        if allowed is not None:
-            bias = bias.masked_fill(blocked_mask(allowed, masks), float("-inf"))
+    def _bias_attention(self, bias: Tensor, values: Tensor) -> Tensor:
+        """softmax(bias) values in one ``scaled_dot_product_attention`` call: bias
+        (B|1, H, T, S) (the scores, -inf at blocked keys, in the values' dtype), values
+        (B, H, S, d_h) -> (B, H, T, d_h). Queries and keys are zeros (d_h wide, as the fused
+        kernels want q, k and v alike) and the scale 1, so the kernel's q k^T adds 0."""
         batch, heads, k_len, head_dim = values.shape
         bias = bias.expand(batch, heads, -1, -1)  # (B, H, T, S), a view where it was (1, ...)
         zero_queries = values.new_zeros(batch, heads, bias.shape[2], head_dim)

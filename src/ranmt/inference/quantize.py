@@ -48,7 +48,6 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
             output.weight.copy_(weight)
         decoder.output = output
     from ranmt.attention.dot_product import DotProductAttention
-
     from ranmt.model.layers import FeedForward
 
     plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only

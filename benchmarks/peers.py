@@ -16,9 +16,7 @@ batches, with the same beam size, length penalty and length cap, with
 * with ``--shortlist`` (the TransF run has a ``shortlist.safetensors``, ``ranmt
   shortlist``): ranmt TransF with it (``--shortlist``) and CTranslate2 with it as its
   vocabulary map (``vmap.txt`` written by the export, ``use_vmap=True``), fp32 and, with
-  ``--int8``, int8 (CTranslate2's own benchmark: int8 + vmap 1.31x int8);
-* with ``--teacher`` (a distilled student's teacher, same vocabulary): the teacher in fp32,
-  and every ranmt system's tokens/s as a ratio to it (the students' speed goal).
+  ``--int8``, int8 (CTranslate2's own benchmark: int8 + vmap 1.31x int8).
 
 ``--fixed-length L`` makes every hypothesis of every system exactly L tokens (ranmt:
 ``search(fixed_length=L)``; CTranslate2: ``min_decoding_length = max_decoding_length = L``;
@@ -86,9 +84,6 @@ from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
 from ranmt.model import EOS_ID, PAD_ID
 from ranmt.runtime.precision import cpu_description
-
-TEACHER = "Teacher"
-"""The ``--teacher`` system's name in the tables (``ranmt Teacher``)."""
 
 # ------------------------------------------------------------------------------ decoding
 
@@ -175,10 +170,11 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     here: a process that measures one system (``--only``) builds that one alone."""
     transf = Translator.load(args.transf, device="cpu")
     settings = (args.beam, args.lenpen, args.max_len, args.fixed_length)
-    for flag, other in (("--ran", args.ran), ("--teacher", args.teacher)):
-        if other and Translator.load(other, device="cpu").src_vocab.processor \
-                .serialized_model_proto() != transf.src_vocab.processor.serialized_model_proto():
-            raise SystemExit(f"{flag} and --transf must share the source vocabulary")
+    if args.ran:
+        ran_vocab = Translator.load(args.ran, device="cpu").src_vocab.processor
+        if ran_vocab.serialized_model_proto() != \
+                transf.src_vocab.processor.serialized_model_proto():
+            raise SystemExit("--ran and --transf must share the source vocabulary")
 
     def ct2(compute_type: str, use_vmap: bool = False):
         from ranmt.inference.export import export_ctranslate2
@@ -191,8 +187,6 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
 
     runs = {"TransF": args.transf, **({args.ran_name: args.ran} if args.ran else {})}
     builders = {f"ranmt {name}": ranmt(run) for name, run in runs.items()}
-    if args.teacher:  # fp32, as it was trained: what the students are measured against
-        builders[f"ranmt {TEACHER}"] = ranmt(args.teacher)
     builders["CTranslate2 fp32"] = lambda: ct2("float32")
     if args.int8:
         builders.update({f"ranmt {name} int8": ranmt(run, quantize="int8")
@@ -256,7 +250,6 @@ def _child_argv(args, name: str, child_out: Path) -> list[str]:
             "--max-len", str(args.max_len), "--threads", str(args.threads), "--out", args.out,
             "--repeats", "1", "--only", name, "--child-out", str(child_out)]
     argv += ["--ran", args.ran, "--ran-name", args.ran_name] if args.ran else []
-    argv += ["--teacher", args.teacher] if args.teacher else []
     argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
     return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
                                          ("--no-hf", args.no_hf),
@@ -362,12 +355,6 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
         if mine in rows and theirs in rows:
             result.setdefault("ratios", {})[f"{mine} / {theirs}"] = (
                 rows[mine]["tokens_per_s"] / rows[theirs]["tokens_per_s"])
-    teacher = f"ranmt {TEACHER}"
-    if teacher in rows:  # every ranmt student against its teacher
-        for mine in rows:
-            if mine.startswith("ranmt ") and mine != teacher:
-                result.setdefault("ratios", {})[f"{mine} / {teacher}"] = (
-                    rows[mine]["tokens_per_s"] / rows[teacher]["tokens_per_s"])
     return result
 
 
@@ -632,8 +619,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ran", help="trained ranmt RAN-ALL run (same vocabulary)")
     p.add_argument("--ran-name", default="RAN-ALL",
                    help="its name in the tables (e.g. RAN-D for a RAN-D student)")
-    p.add_argument("--teacher", help="a ranmt teacher (same vocabulary), decoded in fp32: "
-                   "every ranmt system's speed is also given as a ratio to it")
     p.add_argument("--data", required=True, help="prepared data directory")
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--sentences", type=int, default=1000)

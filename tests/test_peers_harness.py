@@ -49,7 +49,7 @@ def _args(reverse_data, tmp_path, **overrides):
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
                   no_hf=False, json=None, isolate=False, only=None, child_out=None,
-                  shortlist=False, ran_name="RAN-ALL", teacher=None)
+                  shortlist=False, ran_name="RAN-ALL")
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -151,22 +151,3 @@ def test_peers_decode_shortlist_rows_beside_ctranslate2s_vocabulary_map(reverse_
     for pair in ("ranmt TransF int8 + shortlist / CTranslate2 int8 + vmap",
                  "CTranslate2 int8 + vmap / CTranslate2 int8"):
         assert result["ratios"][pair] > 0, pair
-
-
-def test_peers_decode_teacher_row_and_students_ratios_to_it(reverse_data, tmp_path):
-    """--teacher: the teacher decoded in fp32 (also in isolated processes) and every ranmt
-    system's tokens/s as a ratio to it (CTranslate2 runs the TransF, not a student)."""
-    teacher = _tiny_post_norm_checkpoint(reverse_data, tmp_path / "teacher")
-    args = _args(reverse_data, tmp_path, no_hf=True, int8=True, isolate=True,
-                 teacher=str(teacher), fixed_length=5)
-    result = _peers().decode(args)
-    systems = result["systems"]
-    assert set(systems) == {"ranmt TransF", "ranmt Teacher", "CTranslate2 fp32",
-                            "ranmt TransF int8", "CTranslate2 int8"}
-    assert systems["ranmt Teacher"]["same_output_as_ranmt_transf"] == 1.0  # the same model
-    for mine in ("ranmt TransF", "ranmt TransF int8"):
-        ratio = result["ratios"][f"{mine} / ranmt Teacher"]
-        assert ratio == pytest.approx(systems[mine]["tokens_per_s"]
-                                      / systems["ranmt Teacher"]["tokens_per_s"])
-    assert not any(pair.startswith("CTranslate2") and pair.endswith("Teacher")
-                   for pair in result["ratios"])

@@ -1,11 +1,13 @@
 """Before/after of the int8 feed-forward fusion (a ReLU feed-forward's first product and its
 ReLU as one fbgemm ``LinearReLU``, ``ranmt.inference.quantize``): one checkpoint quantized
-twice, with and without the fusion, decoding the same length-sorted batches interleaved.
+twice, with and without the fusion, decoding the same length-sorted batches, alternating
+batch by batch (slow drifts of a shared machine fall on both alike).
 
 Both copies hold the same int8 weights and give the same values (asserted on the
 hypotheses); only the pass over the (rows, ffn_dim) activations differs. Printed per copy:
 milliseconds per batch for the encoder alone and for the whole greedy/beam search at a fixed
-output length, best of ``--rounds`` rounds (each the whole set of batches), and the ratio.
+output length, the median of ``--rounds`` rounds (each the whole set of batches) after a
+warm-up round, and the ratio.
 
     python benchmarks/int8_fusion.py --checkpoint RUN --data DATA --sentences 320 \\
         --batch 32 --beam 1 --threads 1 --fixed-length 20 --shortlist
@@ -14,6 +16,7 @@ output length, best of ``--rounds`` rounds (each the whole set of batches), and 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from unittest import mock
 
@@ -66,26 +69,30 @@ def main(argv: list[str] | None = None) -> None:
 
     jobs = {"encoder": lambda t, src: t.model.encode(src),
             "search": decode}
-    best = {(name, job): float("inf") for name in copies for job in jobs}
-    outputs = {}
+    names = list(copies)
+    totals = {(name, job): [] for name in names for job in jobs}  # seconds per round
+    outputs: dict[str, list] = {name: [] for name in names}
     with torch.inference_mode():
         for round_ in range(args.rounds + 1):  # round 0: warm-up
-            for shift in range(len(copies)):  # rotating order
-                name = list(copies)[(round_ + shift) % len(copies)]
-                for job, run in jobs.items():
-                    start = time.perf_counter()
-                    results = [run(copies[name], src) for src in batches]
-                    elapsed = (time.perf_counter() - start) / len(batches)
-                    if round_:
-                        best[name, job] = min(best[name, job], elapsed)
-                    if job == "search":
-                        outputs[name] = results
-    names = list(copies)
+            spent = dict.fromkeys(totals, 0.0)
+            for index, src in enumerate(batches):  # the copies alternate batch by batch
+                for shift in range(len(names)):
+                    name = names[(round_ + index + shift) % len(names)]
+                    for job, run in jobs.items():
+                        start = time.perf_counter()
+                        result = run(copies[name], src)
+                        spent[name, job] += time.perf_counter() - start
+                        if job == "search" and not round_:
+                            outputs[name].append(result)
+            if round_:
+                for key, seconds in spent.items():
+                    totals[key].append(seconds / len(batches))
+    best = {key: statistics.median(values) for key, values in totals.items()}
     if outputs[names[0]] != outputs[names[1]]:
         raise SystemExit("the two int8 copies wrote different hypotheses")
     print(f"torch {torch.__version__}, {args.threads} thread(s), {len(batches)} batches of "
           f"{args.batch}, beam {args.beam}, fixed length {args.fixed_length}, shortlist "
-          f"{args.shortlist}; ms per batch, best of {args.rounds} rounds")
+          f"{args.shortlist}; ms per batch, median of {args.rounds} rounds")
     print("| copy | encoder | encoder + search |")
     print("|---|---|---|")
     for name in names:

@@ -39,22 +39,3 @@ def test_quantize_options():
     assert quantize_model(model, "none") is model and not is_quantized(model)
     with pytest.raises(ValueError, match="unknown quantization"):
         quantize_model(model, "int4")
-
-
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_feed_forward_relu_is_fused_into_its_int8_product(activation):
-    """A ReLU feed-forward's first product and ReLU become one int8 LinearReLU with exactly
-    the values of the int8 product followed by ReLU; GELU stays apart."""
-    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
-    from torch.ao.quantization import quantize_dynamic
-
-    from ranmt.model.layers import FeedForward
-
-    torch.manual_seed(0)
-    ffn = FeedForward(16, 48, activation, activation_dropout=0.0).eval()
-    reference = quantize_dynamic(copy.deepcopy(ffn), {nn.Linear}, dtype=torch.qint8)
-    fused = quantize_model(copy.deepcopy(ffn), "int8")
-    assert (type(fused.fc1) is LinearReLU) == (activation == "relu")
-    x = torch.randn(5, 7, 16)
-    with torch.inference_mode():
-        assert torch.equal(fused(x), reference(x))

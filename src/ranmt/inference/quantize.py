@@ -2,10 +2,9 @@
 
 Dynamic quantization (PyTorch's ``quantize_dynamic``): the weights of every linear layer
 (attention projections, feed-forward, output projection; the decoder's fused QKV and KV
-products of dot-product attention as one layer each; a feed-forward's first product and its
-ReLU as one, PyTorch's ``LinearReLU``) are stored as int8 with one scale per tensor;
-activations are quantized on the fly per batch, the products run in int8 and are
-accumulated in int32. Embeddings, layer norms, attention weights (RAN's learned
+products of dot-product attention as one layer each) are stored as int8 with one scale
+per tensor; activations are quantized on the fly per batch, the products run in int8 and
+are accumulated in int32. Embeddings, layer norms, attention weights (RAN's learned
 matrices included) and the softmax stay float32, so every registry variant quantizes the
 same way. A tied output projection is given its own (quantized) copy of the target
 embedding, since the embedding lookup itself stays float.
@@ -48,20 +47,16 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
             output.weight.copy_(weight)
         decoder.output = output
     from ranmt.attention.dot_product import DotProductAttention
-    from ranmt.model.layers import FeedForward
 
-    plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only
-    for module in list(model.modules()):
-        if isinstance(module, DotProductAttention):  # fused QKV / KV: one int8 product each
+    for module in list(model.modules()):  # fused QKV / KV products, quantized as one each
+        if isinstance(module, DotProductAttention):
             module.fuse_for_quantization()
-        elif isinstance(module, FeedForward):  # W_1 and ReLU: one int8 product
-            module.fuse_relu_for_quantization()
+    plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from torch.ao.nn.intrinsic import LinearReLU
         from torch.ao.quantization import quantize_dynamic
 
-        quantize_dynamic(model, {nn.Linear, LinearReLU}, dtype=torch.qint8, inplace=True)
+        quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
     return model
 
 

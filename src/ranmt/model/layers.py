@@ -129,25 +129,6 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dropout(self.activation(self.fc1(x))))
 
-    def fuse_relu_for_quantization(self) -> bool:
-        """Make ``fc1`` and a ReLU one module (PyTorch's ``LinearReLU``), which int8
-        quantization turns into one fbgemm product with the ReLU applied to its output (the
-        same values as int8 ``fc1`` then ReLU, without a pass over the (.., ffn_dim)
-        activations). For inference-only copies (``ranmt.inference.quantize``); never saved.
-        Returns whether it fused (GELU stays apart: fbgemm has no fused GELU)."""
-        if self.activation is not F.relu:
-            return False
-        from torch.ao.nn.intrinsic import LinearReLU
-
-        self.fc1 = LinearReLU(self.fc1, nn.ReLU())
-        self.activation = _identity
-        return True
-
-
-def _identity(x: Tensor) -> Tensor:
-    """The activation of a feed-forward whose ReLU is fused into its first product."""
-    return x
-
 
 class Sublayer(nn.Module):
     """Residual wrapper with pre- or post-layer-norm around one sublayer."""

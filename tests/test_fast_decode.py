@@ -141,6 +141,25 @@ def test_static_cache_append_and_reorder():
         cache_append(static, "v", torch.randn(2, 2, 1, 4))
 
 
+@pytest.mark.parametrize("cross", CROSS)
+@pytest.mark.parametrize("capacity", [None, 8])
+def test_cross_attention_caches_its_memory_heads_contiguous(cross, capacity):
+    """The keys/values a cross-attention caches from the memory (B, H, S, d_h) are
+    contiguous: a transposed view would be copied by every later step's matrix product."""
+    model = _model("dot", cross, seed=0).eval()
+    src, _ = random_batch(batch=3, seed=0)
+    with torch.inference_mode():
+        memory, pad_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, pad_mask, capacity=capacity)
+        for _ in range(2):
+            model.decode_step(torch.full((3, 1), 5), cache)
+    cached = [tensor for layer in cache.layers
+              for tensor in (layer.cross_attention.k, layer.cross_attention.v)
+              if tensor is not None]
+    assert cached and all(tensor.is_contiguous() for tensor in cached)
+    assert all(tensor.shape[0] == 3 and tensor.shape[2] == src.shape[1] for tensor in cached)
+
+
 @pytest.mark.parametrize(("rows", "width", "k"), [(7, 8000, 8), (5, 2050, 4), (3, 1000, 2),
                                                   (4, 100, 8)])
 def test_row_topk_equals_topk(rows, width, k):

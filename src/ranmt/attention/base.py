@@ -328,6 +328,15 @@ def split_heads(x: Tensor, heads: int) -> Tensor:
     return x.view(batch, length, heads, dim // heads).transpose(1, 2)
 
 
+def memory_heads(x: Tensor, heads: int) -> Tensor:
+    """(B, S, d) -> (B, H, S, d/H), contiguous: a cross-attention's keys or values, cached
+    once and read by every decoding step. :func:`split_heads`' transposed view would be
+    copied by every step's matrix product instead (its (B, H) dimensions do not fold into
+    one batch dimension): a whole key or value tensor per layer and step, ~1 ms of a 4.5 ms
+    greedy step of a batch of 32 at one thread."""
+    return split_heads(x, heads).contiguous()
+
+
 def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, d_h) -> (B, T, H*d_h)."""
     batch, heads, length, dim = x.shape

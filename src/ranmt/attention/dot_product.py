@@ -31,6 +31,7 @@ from ranmt.attention.base import (
     blocked_mask,
     build_mask,
     cache_append,
+    memory_heads,
     merge_heads,
     rows_allowed,
     split_heads,
@@ -127,7 +128,7 @@ class DotProductAttention(Attention):
                     k, v = self.k_proj(memory), self.v_proj(memory)
                 else:
                     k, v = self._project(memory, "kv", (self.k_proj, self.v_proj))
-                cache.k, cache.v = split_heads(k, self.heads), split_heads(v, self.heads)
+                cache.k, cache.v = memory_heads(k, self.heads), memory_heads(v, self.heads)
             return cache.k, cache.v
         k = cache_append(cache, "k", split_heads(self.k_proj(memory), self.heads))
         v = cache_append(cache, "v", split_heads(self.v_proj(memory), self.heads))

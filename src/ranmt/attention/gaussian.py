@@ -34,6 +34,7 @@ from ranmt.attention.base import (
     PassMasks,
     append_values,
     build_mask,
+    memory_heads,
     merge_heads,
     padding_key,
     split_heads,
@@ -164,7 +165,7 @@ class GaussianAttention(Attention):
         q_offset = 0
         if cache is not None and self.role == "cross":
             if cache.v is None:
-                cache.v = split_heads(self.value_proj(memory), self.heads)
+                cache.v = memory_heads(self.value_proj(memory), self.heads)
             values = cache.v
             q_offset = _query_offset(cache)
         elif cache is not None:

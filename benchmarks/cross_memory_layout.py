@@ -19,13 +19,11 @@ import statistics
 import time
 from unittest import mock
 
-import numpy as np
 import torch
+from profile_decode import sorted_batches  # a sibling script
 
 import ranmt.attention.dot_product as dot_product
 from ranmt.attention.base import split_heads
-from ranmt.data.batching import make_batches, pad_sources
-from ranmt.data.corpus import load_split
 from ranmt.inference.decode import search
 from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
@@ -81,11 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="restrict the output layer to each batch's lexical shortlist")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    encoded = load_split(args.data, args.split)
-    sources = [list(map(int, s)) for s in encoded.src[:args.sentences]]
-    lengths = np.array([len(s) for s in sources])
-    batches = [pad_sources([sources[i] for i in rows])
-               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
+    batches = sorted_batches(args.data, args.split, args.sentences, args.batch)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {len(batches)} batches of "
           f"{args.batch}, beam {args.beam}, fixed length {args.fixed_length}, shortlist "
           f"{args.shortlist}; ms per batch (encoder + search), median of {args.rounds} rounds")

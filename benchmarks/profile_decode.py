@@ -115,6 +115,17 @@ def print_top_operators(events, top: int, width: int = 40) -> None:
               f"{event.count:>8}")
 
 
+def sorted_batches(data: str, split: str, sentences: int, batch: int) -> list[torch.Tensor]:
+    """The first ``sentences`` encoded sources of a prepared ``split``, as padded (B, S)
+    batches of at most ``batch`` sentences of similar length (as ``ranmt translate``
+    batches them)."""
+    encoded = load_split(data, split)
+    sources = [list(map(int, s)) for s in encoded.src[:sentences]]
+    lengths = np.array([len(s) for s in sources])
+    return [pad_sources([sources[i] for i in rows])
+            for rows in make_batches(lengths, lengths, 10 ** 9, batch)]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", action="append", required=True)
@@ -145,11 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         from ranmt.runtime import packed
 
         packed.set_enabled(False)
-    encoded = load_split(args.data, args.split)
-    sources = [list(map(int, s)) for s in encoded.src[:args.sentences]]
-    lengths = np.array([len(s) for s in sources])
-    batches = [pad_sources([sources[i] for i in rows])
-               for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
+    batches = sorted_batches(args.data, args.split, args.sentences, args.batch)
     totals = {}
     systems = [(checkpoint, precision) for precision in args.precision
                for checkpoint in args.checkpoint]

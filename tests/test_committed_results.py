@@ -130,8 +130,14 @@ def _rebuild_grids(root: Path, grids: list[str], replay: set[str]) -> dict:
     prepared once and shared by the grids that use it. Returns grid -> the error or None."""
     from ranmt.experiment.spec import load_placed
 
-    datasets = {grid: load_placed(_experiment_file(grid), root / grid).datasets
-                for grid in grids}
+    # The datasets the tables read references from (a distilled dataset's are its teacher
+    # dataset's: it is prepared by its grid, from the teacher's checkpoint, which a clone lacks)
+    datasets = {}
+    for grid in grids:
+        every = load_placed(_experiment_file(grid), root / grid).datasets
+        by_name = {d.name: d for d in every}
+        datasets[grid] = [by_name[name] for name in dict.fromkeys(
+            d.references_from for d in every)]
     distinct = {_dataset_key(d): d for grid in grids for d in datasets[grid]}
     order = sorted(grids, key=lambda grid: (grid in replay, -len(list(
         (RESULTS / grid).glob("runs/**/cell.json")))))

@@ -35,9 +35,9 @@ def _decode(translator: Translator, src: torch.Tensor, args, layout: str):
     model = translator.model
     if args.shortlist:
         model = RestrictedOutput(model, translator.lexical_shortlist().vocabulary(src))
-    before = layout == LAYOUTS[0]
-    with mock.patch.object(dot_product, "memory_heads", split_heads) if before \
-            else mock.patch.object(dot_product, "memory_heads", dot_product.memory_heads):
+    if layout == LAYOUTS[1]:
+        return search(model, src, beam=args.beam, fixed_length=args.fixed_length)
+    with mock.patch.object(dot_product, "memory_heads", split_heads):  # the old layout
         return search(model, src, beam=args.beam, fixed_length=args.fixed_length)
 
 

@@ -127,8 +127,11 @@ def test_dry_run_of_the_german_english_grid(tmp_path, capsys):
           "--out", str(tmp_path / "de-en")])
     out = capsys.readouterr().out
     assert ": 12 cells" in out and "(de->en, vocabulary 8000 joint)" in out
-    assert [line.split()[0] for line in out.splitlines()[3:7]] == \
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("variant "))
+    assert [line.split()[0] for line in lines[header + 1:header + 5]] == \
         ["TransF", "RAN-D", "RAN-ALL", "HC-SA"]
+    assert "every cell decodes its test sets with {'beam': 4" in out
     assert "every cell checked (12)" in out and not (tmp_path / "de-en").exists()
     broken = tmp_path / "broken.yaml"
     broken.write_text((root / "configs/experiments/multi30k_de_en.yaml").read_text()
@@ -642,3 +645,117 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
             "33.00 ± 1.00 (+1.00) | 30.00 ± 1.00 (-2.00) † |") in against_ad
     welch = results["datasets"]["d"]["tests"]["t"]["significance"]["RAN-ALL"]["bleu"]
     assert abs(welch["welch_p"] - 0.0213) < 1e-3
+
+
+def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path, monkeypatch):
+    """``also_decode``: a finished cell of a grid that gained the setting later is decoded
+    with it without training again; its hypotheses are the translator's with those
+    settings; a shortlist is built beside the checkpoint from the cell's training split;
+    the table gives the difference to the grid's decode of the same checkpoint."""
+    import numpy as np
+
+    from ranmt.data.corpus import raw_text
+    from ranmt.evaluate import score
+    from ranmt.inference.shortlist import SHORTLIST_FILE, Shortlist, build_shortlist
+    from ranmt.inference.translator import Translator
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["variants"] = config["variants"][:1]
+    path.write_text(yaml.safe_dump(config))
+    main(["experiment", str(path)])
+    exp, calls = tmp_path / "exp", _count_trainings(monkeypatch)
+    cell_file, run = exp / "runs/reverse/TransF/seed1/cell.json", \
+        exp / "runs/reverse/TransF/seed1/run"
+    assert "also_decode" not in json.loads(cell_file.read_text())
+    config["also_decode"] = {"greedy": {"beam": 1},
+                             "short-int8": {"shortlist": True, "quantize": "int8"}}
+    path.write_text(yaml.safe_dump(config))
+    main(["experiment", str(path)])
+    assert calls == []  # decoded, not trained again
+    cell = json.loads(cell_file.read_text())
+    assert list(cell["also_decode"]) == ["greedy", "short-int8"]
+    data = exp / "data" / "reverse"
+    sources, refs = raw_text(data, "test", "src"), raw_text(data, "test", "tgt")
+    greedy = Translator.load(run, device="cpu", beam=1).translate(sources)
+    assert cell["also_decode"]["greedy"]["tests"]["test"]["bleu"] == pytest.approx(
+        score(greedy, refs, ["bleu"], "")["bleu"])
+    assert (exp / "runs/reverse/TransF/seed1/test.greedy.hyp").read_text().split("\n")[:-1] \
+        == greedy
+    built = Shortlist.load(run / SHORTLIST_FILE)
+    assert np.array_equal(built.candidates, build_shortlist(data).candidates)
+    shortlisted = Translator.load(run, device="cpu", beam=2, quantize="int8",
+                                  shortlist=True).translate(sources)
+    assert (exp / "runs/reverse/TransF/seed1/test.short-int8.hyp").read_text() \
+        .split("\n")[:-1] == shortlisted
+    markdown = (exp / "results.md").read_text()
+    main_bleu = cell["tests"]["test"]["bleu"]
+    alt_bleu = cell["also_decode"]["greedy"]["tests"]["test"]["bleu"]
+    assert "| TransF | greedy | 1 | " in markdown
+    assert f"{alt_bleu:.2f} ({alt_bleu - main_bleu:+.2f})" in markdown
+    # a third run has nothing left to do: cell.json stays as it is
+    before = cell_file.stat().st_mtime_ns
+    main(["experiment", str(path)])
+    assert cell_file.stat().st_mtime_ns == before and calls == []
+
+
+def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkeypatch):
+    """Hand-made cells: the setting's mean, the mean ± std of its per-seed differences to
+    the grid's decode, † only where every seed's bootstrap is significant in one
+    direction."""
+    from ranmt.experiment import Dataset, Experiment, build_tables
+
+    def cell(seed, bleu, alt_bleu):
+        main_scores = {"bleu": bleu, "tok_bleu": bleu, "chrf": 50.0, "ter": 60.0,
+                       "sentences_per_s": 1.0, "target_tokens_per_s": 1.0}
+        alt = {**main_scores, "bleu": alt_bleu, "hyp_file": "x"}
+        return {"dataset": "d", "variant": "S", "seed": seed, "parameters": 1,
+                "tests": {"t": main_scores},
+                "also_decode": {"sl": {"settings": {"shortlist": True}, "tests": {"t": alt}}},
+                "train": {"steps": 1, "best_step": 1, "best_valid_bleu": bleu,
+                          "wall_time_s": 1.0, "train_tokens_per_s": 1.0}}
+
+    experiment = Experiment(name="hand", out=tmp_path, datasets=[Dataset(
+        name="d", src="s", tgt="t", tests={"t": "t"})], variants=[{"name": "S"}],
+        seeds=[1, 2, 3], baseline="S", base_config=None, overrides={}, decode={"beam": 4},
+        also_decode={"sl": {"shortlist": True}})
+    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
+    monkeypatch.setattr(tables_module, "_read_hyps",
+                        lambda e, c, t, recorded=None, setting=None: [str(c["seed"])])
+    p_values = {"bleu": {1: 0.01, 2: 0.01, 3: 0.01}}
+
+    def fake_bootstrap(systems, refs, metrics, samples):
+        seed = int(systems[0][1][0])
+        return {"systems": [{}, {f"{m}_p": p_values.get(m, {}).get(seed, 0.9)
+                                 for m in metrics}]}
+
+    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    cells = [cell(1, 30.0, 29.5), cell(2, 31.0, 30.7), cell(3, 32.0, 31.6)]
+    markdown, results = build_tables(experiment, cells)
+    # deltas -0.5, -0.3, -0.4: mean -0.40, sample std 0.10; BLEU (tokenized) unchanged
+    assert ("| S | sl | 3 | 31.00 ± 1.00 (+0.00 ± 0.00) | 30.60 ± 1.05 (-0.40 ± 0.10) † | "
+            "50.00 ± 0.00 (+0.00 ± 0.00) | 60.00 ± 0.00 (+0.00 ± 0.00) |") in markdown
+    numbers = results["datasets"]["d"]["also_decode"]["t"]["S"]["sl"]["bleu"]
+    assert numbers["per_seed_delta"] == pytest.approx({"1": -0.5, "2": -0.3, "3": -0.4})
+    p_values["bleu"][2] = 0.2  # one seed not significant: no mark
+    markdown, _ = build_tables(experiment, cells)
+    row = next(line for line in markdown.split("\n") if line.startswith("| S | sl |"))
+    assert "(-0.40 ± 0.10)" in row and "†" not in row
+
+
+@pytest.mark.parametrize("also_decode, message", [
+    ({"bad name": {"beam": 1}}, "letters, digits"),
+    ({"x": {"beem": 1}}, "did you mean beam"),
+    ({"x": {"quantize": "int4"}}, "not one of"),
+    ({"x": {}}, "at least one option"),
+    ({"x": {"beam": 0}}, "also_decode.x"),
+])
+def test_also_decode_settings_are_checked_when_the_grid_loads(tmp_path, also_decode, message):
+    from ranmt.experiment.spec import load_experiment
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["also_decode"] = also_decode
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(path)

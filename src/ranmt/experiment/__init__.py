@@ -9,15 +9,18 @@ files), :mod:`.plan` (``--dry-run``). :func:`run_experiment` walks the grid.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
 
-from ranmt.checkpoint import step_checkpoints
+from ranmt.checkpoint import CheckpointError, resolve_checkpoint, step_checkpoints
 from ranmt.config import ConfigError
 from ranmt.experiment.cells import (
     CellInterrupted,
     claim,
+    decode_also,
+    missing_also_decode,
     prepare_dataset,
     prepare_once,
     release,
@@ -88,7 +91,8 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
         label = f"cell {index}/{len(selected)}: {cell.label}"
         if cell.finished:
-            log(f"{label}: done, reusing {cell.file}")
+            if not _complete_also_decode(cell, data_dir, label, log):
+                log(f"{label}: done, reusing {cell.file}")
             continue
         if not claim(cell.lock):
             log(f"{label}: another worker is running it, skipping")
@@ -112,6 +116,32 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
     return write_results(experiment, grid, log, extra_baselines)
+
+
+def _complete_also_decode(cell: Cell, data_dir: Path, label: str, log) -> bool:
+    """A finished cell lacking some of the grid's ``also_decode`` settings (added to the
+    grid after it finished) is decoded with them now, from its best checkpoint, when that
+    is on this machine; True when cell.json was updated."""
+    result = cell.result()
+    missing = missing_also_decode(cell, result)
+    if not missing:
+        return False
+    try:
+        resolve_checkpoint(cell.run_dir)
+    except CheckpointError:
+        log(f"{label}: done; its checkpoint is not in {cell.run_dir}, so also_decode "
+            f"{missing} cannot be decoded here")
+        return False
+    if not claim(cell.lock):
+        log(f"{label}: another worker holds it, skipping also_decode {missing}")
+        return False
+    try:
+        decode_also(cell, data_dir, result, log)
+        cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    finally:
+        release(cell.lock)
+    log(f"{label}: done; decoded as {missing} too")
+    return True
 
 
 def _reuse_or_warm_start(cell: Cell, data_dir: Path, reuse_from: list[Path], label: str,

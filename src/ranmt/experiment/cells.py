@@ -1,6 +1,6 @@
 """One cell of a grid: prepare its dataset (once, under a lock), train or resume it, decode
-and score every test set, write ``cell.json``; the lock files that let several workers
-share a grid.
+and score every test set (and with the grid's other settings, ``also_decode``), write
+``cell.json``; the lock files that let several workers share a grid.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
-from ranmt.experiment.spec import Cell, Dataset, Experiment
+from ranmt.experiment.spec import LOAD_OPTIONS, Cell, Dataset, Experiment
+from ranmt.inference.shortlist import SHORTLIST_FILE, build_shortlist, shortlist_beside
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 from ranmt.training.train import train
@@ -121,32 +122,17 @@ class CellInterrupted(KeyboardInterrupt):
 
 
 def run_cell(cell: Cell, data_dir: Path, log) -> dict:
-    """Train (or resume) one cell, decode and score every test set; write cell.json."""
+    """Train (or resume) one cell, decode and score every test set (and with each of the
+    grid's ``also_decode`` settings); write cell.json."""
     started = time.monotonic()
-    run_dir, cell_dir, dataset = cell.run_dir, cell.dir, cell.dataset
+    run_dir, cell_dir = cell.run_dir, cell.dir
     summary = train(cell.config(), data_dir, run_dir)
     if str(summary.get("stop_reason", "")).endswith("received"):
         raise CellInterrupted(f"training stopped by {summary['stop_reason'].split()[0]}; "
                               "the checkpoint is saved, rerun `ranmt experiment` to resume")
     translator = Translator.load(run_dir, **cell.experiment.decode)
-    meta = load_meta(data_dir)
-    metrics = TASK_METRICS[dataset.task]
-    tests = {}
-    for test in dataset.tests:
-        sources = raw_text(data_dir, test, "src")
-        refs = raw_text(data_dir, test, "tgt")
-        start = time.perf_counter()
-        hyps = translator.translate(sources)
-        seconds = time.perf_counter() - start
-        hyp_path = cell_dir / f"{test}.hyp"
-        write_lines(hyp_path, hyps)
-        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""))
-        target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
-        result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
-                       "sentences_per_s": len(hyps) / seconds,
-                       "target_tokens_per_s": target_tokens / seconds})
-        tests[test] = result
-    result = {"dataset": dataset.name, "variant": cell.variant.name, "seed": cell.seed,
+    tests = decode_tests(cell, data_dir, translator)
+    result = {"dataset": cell.dataset.name, "variant": cell.variant.name, "seed": cell.seed,
               "checkpoint": str(translator.checkpoint_dir), "train": summary,
               "parameters": summary["parameters"], "tests": tests,
               "config": to_dict(translator.config),
@@ -158,8 +144,73 @@ def run_cell(cell: Cell, data_dir: Path, log) -> dict:
     log_file = run_dir / "train.log"
     if log_file.is_file():  # the run folder is not kept in git; the log is small
         shutil.copyfile(log_file, cell_dir / "train.log")
+    decode_also(cell, data_dir, result, log)
     cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
+
+
+def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
+                 name: str | None = None) -> dict:
+    """Decode and score every test set of the cell's dataset with ``translator``: test ->
+    metrics, the hypothesis file (``TEST.hyp``, ``TEST.NAME.hyp`` for an ``also_decode``
+    setting) and the decoding speed."""
+    meta = load_meta(data_dir)
+    metrics = TASK_METRICS[cell.dataset.task]
+    tests = {}
+    for test in cell.dataset.tests:
+        sources = raw_text(data_dir, test, "src")
+        refs = raw_text(data_dir, test, "tgt")
+        start = time.perf_counter()
+        hyps = translator.translate(sources)
+        seconds = time.perf_counter() - start
+        hyp_path = cell.dir / (f"{test}.hyp" if name is None else f"{test}.{name}.hyp")
+        write_lines(hyp_path, hyps)
+        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""))
+        target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
+        result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
+                       "sentences_per_s": len(hyps) / seconds,
+                       "target_tokens_per_s": target_tokens / seconds})
+        tests[test] = result
+    return tests
+
+
+def missing_also_decode(cell: Cell, result: dict) -> list[str]:
+    """The grid's ``also_decode`` settings a cell's result lacks."""
+    done = result.get("also_decode", {})
+    return [name for name in cell.experiment.also_decode if name not in done]
+
+
+def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> bool:
+    """Decode and score the cell's checkpoint with each ``also_decode`` setting its
+    ``result`` lacks, adding ``result["also_decode"][NAME] = {"settings", "tests"}``; a
+    setting with ``shortlist`` first builds the run's lexical shortlist from the cell's
+    training split when none is beside the checkpoint (``ranmt shortlist``'s defaults).
+    False when there was nothing to do."""
+    missing = missing_also_decode(cell, result)
+    for name in missing:
+        settings = cell.experiment.also_decode[name]
+        options = {**cell.experiment.decode, **settings}
+        load = {key: options.pop(key) for key in LOAD_OPTIONS if key in options}
+        if options.get("shortlist"):
+            ensure_shortlist(cell.run_dir, data_dir, log)
+        translator = Translator.load(cell.run_dir, **load, **options)
+        log(f"{cell.label}: decoding the test sets as '{name}' ({settings})")
+        result.setdefault("also_decode", {})[name] = {
+            "settings": settings, "tests": decode_tests(cell, data_dir, translator, name)}
+    return bool(missing)
+
+
+def ensure_shortlist(run_dir: Path, data_dir: Path, log) -> Path:
+    """The lexical shortlist beside a run's checkpoints, built from ``data_dir``'s training
+    split (k 50, 100 frequent: ``ranmt shortlist``'s defaults) when there is none."""
+    found = shortlist_beside(run_dir)
+    if found is not None:
+        return found
+    settings = {"data": str(data_dir), "split": "train", "k": 50, "frequent": 100}
+    path = run_dir / SHORTLIST_FILE
+    build_shortlist(data_dir, settings["k"], settings["frequent"]).save(path, settings)
+    log(f"wrote {path} (built from {data_dir}'s training split)")
+    return path
 
 
 def machine_description(device) -> dict:

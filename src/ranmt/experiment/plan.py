@@ -95,7 +95,11 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
     log(f"grid {experiment.name}: {len(experiment.datasets)} dataset(s) x "
         f"{len(experiment.variants)} variant(s) x {len(experiment.seeds)} seed(s): "
         f"{len(experiment.cells())} cells -> {root}")
-    plan = {"name": experiment.name, "out": str(root), "datasets": {}, "cells": []}
+    plan = {"name": experiment.name, "out": str(root), "datasets": {}, "cells": [],
+            "decode": experiment.decode, "also_decode": experiment.also_decode}
+    log(f"every cell decodes its test sets with {experiment.decode or 'the defaults'}"
+        + "".join(f"; also as '{name}' ({options})"
+                  for name, options in experiment.also_decode.items()))
     for dataset in experiment.datasets:
         notes = _dataset_notes(dataset, root)
         plan["datasets"][dataset.name] = notes

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from ranmt.config import Config, ConfigError, load_config
+from ranmt.config import Config, ConfigError, DecodeConfig, decode_with, load_config
 
 # Environment variable naming the work folder (``ranmt experiment --work``).
 WORK_ENV = "RANMT_WORK_DIR"
@@ -91,6 +92,11 @@ class Experiment:
     alpha: float = 0.05
     path: Path | None = None
     work: Path | None = None  # run folders outside ``out`` (--work / RANMT_WORK_DIR)
+    also_decode: dict[str, dict] = field(default_factory=dict)
+    """Other decodings of every cell's checkpoint, by name: decoding options over
+    ``decode`` and optionally ``quantize`` / ``precision`` / ``device`` (the copy decoded), e.g.
+    ``{shortlist: {shortlist: true}, int8: {quantize: int8}}``; each is scored on every
+    test set beside the grid's decode (``cells.decode_also``, cell.json's ``also_decode``)."""
 
     def __post_init__(self):
         # a YAML mapping {name, overrides} becomes a Variant
@@ -207,7 +213,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ConfigError(f"experiment file {path} does not exist")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     known = {"name", "out", "datasets", "variants", "seeds", "baseline", "base_config",
-             "overrides", "decode", "bootstrap_samples", "alpha"}
+             "overrides", "decode", "bootstrap_samples", "alpha", "also_decode"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{path}: unknown experiment key(s) {sorted(unknown)}; "
@@ -258,7 +264,43 @@ def load_experiment(path: str | Path) -> Experiment:
         baseline=baseline, base_config=raw.get("base_config"),
         overrides=dict(raw.get("overrides", {})), decode=dict(raw.get("decode", {})),
         bootstrap_samples=int(raw.get("bootstrap_samples", 1000)),
-        alpha=float(raw.get("alpha", 0.05)), path=path)
+        alpha=float(raw.get("alpha", 0.05)), path=path,
+        also_decode=_check_also_decode(path, raw.get("decode", {}), raw.get("also_decode")))
+
+
+# keys of ``decode`` / ``also_decode`` that choose where and which copy of the model is
+# decoded (Translator.load's), not decoding options; None: any value
+LOAD_OPTIONS = {"device": None, "quantize": ("none", "int8"), "precision": ("fp32", "bf16")}
+
+
+def _check_also_decode(path: Path, decode: dict, raw) -> dict[str, dict]:
+    """The ``also_decode`` mapping, checked: names usable in file names (``TEST.NAME.hyp``),
+    every entry a mapping of known decoding options (valid over the grid's ``decode``) and
+    load options (:data:`LOAD_OPTIONS`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: also_decode maps names to decoding options, e.g. "
+                          "{shortlist: {shortlist: true}}")
+    checked = {}
+    for name, options in raw.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", str(name)):
+            raise ConfigError(f"{path}: also_decode name '{name}': use letters, digits, _ "
+                              "and - (it names the hypothesis files)")
+        if not isinstance(options, dict) or not options:
+            raise ConfigError(f"{path}: also_decode.{name} must map at least one option to "
+                              "its value")
+        for key, allowed in LOAD_OPTIONS.items():
+            if key in options and allowed is not None and options[key] not in allowed:
+                raise ConfigError(f"{path}: also_decode.{name}.{key}: {options[key]!r} is "
+                                  f"not one of {list(allowed)}")
+        decoding = {k: v for k, v in {**decode, **options}.items() if k not in LOAD_OPTIONS}
+        try:
+            decode_with(DecodeConfig(), **decoding)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: also_decode.{name}: {err}") from None
+        checked[str(name)] = dict(options)
+    return checked
 
 
 def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -> None:

@@ -35,12 +35,15 @@ def _format(mean: float, std: float | None) -> str:
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
-def _read_hyps(experiment: Experiment, cell: dict, test: str) -> list[str]:
-    """A cell's hypotheses for ``test``, from its cell directory (so that a results folder
-    that was moved or checked out elsewhere still works), else the recorded path."""
-    path = experiment.cell_dir(cell["dataset"], cell["variant"], cell["seed"]) / f"{test}.hyp"
+def _read_hyps(experiment: Experiment, cell: dict, test: str, recorded: str | None = None,
+               setting: str | None = None) -> list[str]:
+    """A cell's hypotheses for ``test`` (``setting``: of that ``also_decode`` setting), from
+    its cell directory (so that a results folder that was moved or checked out elsewhere
+    still works), else the ``recorded`` path (default: the grid decode's)."""
+    name = f"{test}.hyp" if setting is None else f"{test}.{setting}.hyp"
+    path = experiment.cell_dir(cell["dataset"], cell["variant"], cell["seed"]) / name
     if not path.is_file():
-        path = Path(cell["tests"][test]["hyp_file"])
+        path = Path(recorded or cell["tests"][test]["hyp_file"])
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
@@ -118,6 +121,68 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
                               for m, v in t.items()} for n, t in scores.items()},
                "significance": comparisons}
     return lines, numbers
+
+
+def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
+                       by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
+    """One test set's table of the ``also_decode`` settings: per variant and setting the
+    metrics' means and the difference to the grid's decode of the same checkpoints (mean ±
+    std of the per-seed differences), † where every seed's paired bootstrap against that
+    decode has p < alpha in the same direction. Empty where no cell has such a setting."""
+    metrics = _metrics_in_order(dataset.task)
+    sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
+    refs = None
+    lines: list[str] = []
+    numbers: dict = {}
+    for name, cells in by_variant.items():
+        settings = [s for s in experiment.also_decode
+                    if any(s in c.get("also_decode", {}) for c in cells)]
+        for setting in settings:
+            runs = [c for c in cells if setting in c.get("also_decode", {})]
+            refs = refs if refs is not None else raw_text(
+                Path(experiment.out) / "data" / dataset.references_from, test, "tgt")
+            pvalues: dict[str, dict[int, float]] = {m: {} for m in sig_metrics}
+            for cell in runs:
+                if not sig_metrics:
+                    break
+                alt = cell["also_decode"][setting]["tests"][test]
+                result = paired_bootstrap(
+                    [("decode", _read_hyps(experiment, cell, test)),
+                     (setting, _read_hyps(experiment, cell, test, alt["hyp_file"], setting))],
+                    refs, sig_metrics, experiment.bootstrap_samples)
+                for metric in sig_metrics:
+                    pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+            row, entry = [], {}
+            for metric in metrics:
+                main = {c["seed"]: c["tests"][test][metric] for c in runs}
+                alt = {c["seed"]: c["also_decode"][setting]["tests"][test][metric] for c in runs}
+                deltas = [alt[seed] - main[seed] for seed in main]
+                delta_mean, delta_std = _mean_std(deltas)
+                text = (f"{_format(*_mean_std(list(alt.values())))} ({delta_mean:+.2f}"
+                        + ("" if delta_std is None else f" ± {delta_std:.2f}") + ")")
+                comparison = None
+                if metric in pvalues:
+                    comparison = compare_over_seeds(main, alt, pvalues[metric], experiment.alpha)
+                    text += " †" if comparison["dagger"] else ""
+                row.append(text)
+                entry[metric] = {"per_seed": {str(k): v for k, v in alt.items()},
+                                 "per_seed_delta": dict(zip(map(str, main), deltas)),
+                                 "significance": comparison}
+            lines.append(f"| {name} | {setting} | {len(runs)} | " + " | ".join(row) + " |")
+            numbers.setdefault(name, {})[setting] = entry
+    if not lines:
+        return [], {}
+    header = [f"## {dataset.name} — {test}: other decodings of the same checkpoints", "",
+              "| variant | decoding | seeds | "
+              + " | ".join(ROW_NAMES.get(m, m) for m in metrics) + " |",
+              "|---|---|---|" + "---|" * len(metrics)]
+    settings_text = "; ".join(f"{name}: {options}"
+                              for name, options in experiment.also_decode.items())
+    footer = ["", f"Settings over the grid's decode {experiment.decode}: {settings_text}. "
+              "(±x): the difference to the grid's decode of the same checkpoint (mean ± std "
+              f"of the per-seed differences); † every seed's paired bootstrap has p < "
+              f"{experiment.alpha} in the same direction.", ""]
+    return header + lines + footer, numbers
 
 
 def _steps_text(cells: list[dict]) -> tuple[str, str]:
@@ -219,6 +284,11 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
             test_lines, dataset_result["tests"][test] = _test_table(experiment, dataset, test,
                                                                     by_variant)
             lines += test_lines
+        for test in dataset.tests:
+            also_lines, also = _also_decode_table(experiment, dataset, test, by_variant)
+            if also:
+                dataset_result.setdefault("also_decode", {})[test] = also
+            lines += also_lines
         lines += _per_seed_table(experiment, dataset, by_variant)
         training_lines, dataset_result["variants"] = _training_table(experiment, dataset,
                                                                      by_variant)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -78,8 +79,13 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     from ranmt.runtime.precision import cpu_description
 
     transf_cell = exp / "runs/reverse/TransF/seed1/cell.json"
-    assert json.loads(transf_cell.read_text())["machine"] == {"cpu": cpu_description(),
-                                                               "device": "cpu"}
+    import os
+
+    import torch
+
+    assert json.loads(transf_cell.read_text())["machine"] == {
+        "cpu": cpu_description(), "device": "cpu", "cores": len(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads()}
     # Interrupt: the RAN-ALL cell lost its result; rerunning recomputes only that cell.
     before = transf_cell.stat().st_mtime_ns
     (exp / "runs/reverse/RAN-ALL/seed1/cell.json").unlink()
@@ -759,3 +765,27 @@ def test_also_decode_settings_are_checked_when_the_grid_loads(tmp_path, also_dec
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=message):
         load_experiment(path)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_grid_workers_script_trains_cells_in_pinned_single_threaded_workers(tmp_path):
+    """scripts/grid_workers.sh: two workers share the grid (each cell trained once), each
+    pinned to one core with one torch thread."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    path = _grid(tmp_path)
+    env = {**os.environ, "WORKERS": "2", "BIN": str(Path(sys.executable).parent),
+           "LOG": str(tmp_path / "worker")}
+    subprocess.run(["bash", str(root / "scripts/grid_workers.sh"), str(path)], env=env,
+                   check=True, timeout=600, capture_output=True)
+    exp = tmp_path / "exp"
+    for variant in ("TransF", "RAN-ALL"):
+        machine = json.loads((exp / f"runs/reverse/{variant}/seed1/cell.json").read_text()
+                             )["machine"]
+        assert machine["cores"] == 1 and machine["threads"] == 1
+    logs = [(tmp_path / f"worker.{n}.log").read_text() for n in (0, 1)]
+    assert sum(log.count(": running") for log in logs) == 2, logs

@@ -215,8 +215,12 @@ def ensure_shortlist(run_dir: Path, data_dir: Path, log) -> Path:
 
 def machine_description(device) -> dict:
     """What a cell finished on (its last training run and its decoding): the CPU's model
-    and bf16/VNNI/AMX flags (``cpu_description``), and the GPU where it decoded on one."""
-    machine = {"cpu": cpu_description(), "device": str(device)}
+    and bf16/VNNI/AMX flags (``cpu_description``), the cores the worker may run on and its
+    torch threads (one worker per core trains each cell more slowly, the grid sooner), and
+    the GPU where it decoded on one."""
+    machine = {"cpu": cpu_description(), "device": str(device),
+               "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count(), "threads": torch.get_num_threads()}
     if torch.device(device).type == "cuda":
         machine["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return machine

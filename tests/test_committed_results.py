@@ -75,7 +75,8 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> 
     os.environ.pop("RANMT_WORK_DIR", None)
     committed = RESULTS / grid
     recorded = json.loads((committed / "results.json").read_text(encoding="utf-8"))
-    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*.png", "results*"))
+    # (data/: prepared data a local checkout may hold beside the cells; linked in below)
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*.png", "results*", "data"))
     (copy / "data").mkdir(exist_ok=True)
     for name, folder in prepared.items():
         (copy / "data" / name).symlink_to(folder, target_is_directory=True)
@@ -95,13 +96,16 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> 
 def _replayed_bootstrap(committed: Path):
     """A stand-in for ``ranmt.evaluate.paired_bootstrap`` that answers each comparison with
     the per-seed p-values recorded in the committed results*.json: the variants' hypotheses
-    name their cell (dataset, test, seed), the first system names the baseline."""
-    cells = {}  # (variant, hypotheses) -> (dataset, test, seed)
+    name their cell (dataset, test, seed), the first system names the baseline; in the
+    tables of other decodings (``also_decode``) the first system is the grid's decode
+    ("decode") and the second is named by its setting (``TEST.SETTING.hyp``)."""
+    cells = {}  # (system name, hypotheses) -> (dataset, test, seed, variant)
     for path in (committed / "runs").glob("*/*/seed*/*.hyp"):
         dataset, variant, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
+        test, _, setting = path.stem.partition(".")
         lines = tuple(path.read_text(encoding="utf-8").split("\n")[:-1])
-        cells[(variant, lines)] = (dataset, path.stem, seed)
-    recorded = {}  # (baseline, dataset, test, variant) -> metric -> seed -> p
+        cells[(setting or variant, lines)] = (dataset, test, seed, variant)
+    recorded = {}  # (baseline, dataset, test, variant[, setting]) -> metric -> seed -> p
     for path in committed.glob("results*.json"):
         results = json.loads(path.read_text(encoding="utf-8"))
         baseline = results.get("baseline") or results["experiment_config"]["baseline"]
@@ -111,13 +115,21 @@ def _replayed_bootstrap(committed: Path):
                     recorded[(baseline, dataset, test, variant)] = {
                         metric: dict(zip(value["seeds"], value["per_seed_p"]))
                         for metric, value in metrics.items() if "per_seed_p" in value}
+            for test, by_variant in entry.get("also_decode", {}).items():
+                for variant, by_setting in by_variant.items():
+                    for setting, metrics in by_setting.items():
+                        recorded[("decode", dataset, test, variant, setting)] = {
+                            metric: dict(zip(value["significance"]["seeds"],
+                                             value["significance"]["per_seed_p"]))
+                            for metric, value in metrics.items() if value["significance"]}
 
     def replay(systems, refs, metrics, samples=1000, seed=12345):
         rows: list[dict] = [{"name": systems[0][0]}]
         for name, hyps in systems[1:]:
-            dataset, test, cell_seed = cells[(name, tuple(hyps))]
-            by_metric = recorded[(systems[0][0], dataset, test, name)]
-            rows.append({"name": name, **{f"{metric}_p": by_metric[metric][cell_seed]
+            dataset, test, cell_seed, variant = cells[(name, tuple(hyps))]
+            key = ((systems[0][0], dataset, test, variant, name) if systems[0][0] == "decode"
+                   else (systems[0][0], dataset, test, name))
+            rows.append({"name": name, **{f"{metric}_p": recorded[key][metric][cell_seed]
                                           for metric in metrics}})
         return {"systems": rows}
 

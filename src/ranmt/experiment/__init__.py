@@ -91,7 +91,9 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
         label = f"cell {index}/{len(selected)}: {cell.label}"
         if cell.finished:
-            if not _complete_also_decode(cell, data_dir, label, log):
+            if _complete_also_decode(cell, data_dir, label, log):
+                write_results(experiment, grid, log, extra_baselines)
+            else:
                 log(f"{label}: done, reusing {cell.file}")
             continue
         if not claim(cell.lock):

@@ -176,13 +176,19 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
               "| variant | decoding | seeds | "
               + " | ".join(ROW_NAMES.get(m, m) for m in metrics) + " |",
               "|---|---|---|" + "---|" * len(metrics)]
-    settings_text = "; ".join(f"{name}: {options}"
+    settings_text = "; ".join(f"{name}: {_flow(options)}"
                               for name, options in experiment.also_decode.items())
-    footer = ["", f"Settings over the grid's decode {experiment.decode}: {settings_text}. "
+    footer = ["", f"Settings over the grid's decode {_flow(experiment.decode)}: {settings_text}. "
               "(±x): the difference to the grid's decode of the same checkpoint (mean ± std "
               f"of the per-seed differences); † every seed's paired bootstrap has p < "
-              f"{experiment.alpha} in the same direction.", ""]
+              f"{experiment.alpha} in the same direction.", "", ""]
     return header + lines + footer, numbers
+
+
+def _flow(options: dict) -> str:
+    """Options as a YAML flow mapping, as the experiment file writes them: {beam: 4}."""
+    return "{" + ", ".join(f"{key}: {str(value).lower() if isinstance(value, bool) else value}"
+                           for key, value in options.items()) + "}"
 
 
 def _steps_text(cells: list[dict]) -> tuple[str, str]:

@@ -705,6 +705,36 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     assert cell_file.stat().st_mtime_ns == before and calls == []
 
 
+def test_a_setting_that_cannot_decode_never_costs_a_cell_its_result(tmp_path, monkeypatch,
+                                                                   capsys):
+    """An ``also_decode`` setting whose copy cannot be loaded here is logged and left out:
+    the cell is recorded with its grid decode and the other settings, and the next run
+    tries the missing setting again."""
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["variants"] = config["variants"][:1]
+    config["also_decode"] = {"int8": {"quantize": "int8"}, "greedy": {"beam": 1}}
+    path.write_text(yaml.safe_dump(config))
+    real_load = cells_module.Translator.load
+
+    def failing_load(checkpoint, **options):
+        if options.get("quantize") == "int8":
+            raise ValueError("no int8 kernels here")
+        return real_load(checkpoint, **options)
+
+    monkeypatch.setattr(cells_module.Translator, "load", failing_load)
+    main(["experiment", str(path)])
+    cell_file = tmp_path / "exp/runs/reverse/TransF/seed1/cell.json"
+    assert list(json.loads(cell_file.read_text())["also_decode"]) == ["greedy"]
+    assert "cannot decode as 'int8' here, left out: no int8 kernels here" in \
+        "".join(capsys.readouterr())
+    monkeypatch.setattr(cells_module.Translator, "load", real_load)
+    calls = _count_trainings(monkeypatch)
+    main(["experiment", str(path)])
+    assert calls == [] and list(json.loads(cell_file.read_text())["also_decode"]) == \
+        ["greedy", "int8"]
+
+
 def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkeypatch):
     """Hand-made cells: the setting's mean, the mean ± std of its per-seed differences to
     the grid's decode, † only where every seed's bootstrap is significant in one
@@ -755,6 +785,7 @@ def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkey
     ({"x": {"quantize": "int4"}}, "not one of"),
     ({"x": {}}, "at least one option"),
     ({"x": {"beam": 0}}, "also_decode.x"),
+    ({"x": {"quantize": "int8", "precision": "bf16"}}, "alternatives"),
 ])
 def test_also_decode_settings_are_checked_when_the_grid_loads(tmp_path, also_decode, message):
     from ranmt.experiment.spec import load_experiment

@@ -124,8 +124,7 @@ def _complete_also_decode(cell: Cell, data_dir: Path, label: str, log) -> bool:
     """A finished cell lacking some of the grid's ``also_decode`` settings (added to the
     grid after it finished) is decoded with them now, from its best checkpoint, when that
     is on this machine; True when cell.json was updated."""
-    result = cell.result()
-    missing = missing_also_decode(cell, result)
+    missing = missing_also_decode(cell, cell.result())
     if not missing:
         return False
     try:
@@ -138,12 +137,15 @@ def _complete_also_decode(cell: Cell, data_dir: Path, label: str, log) -> bool:
         log(f"{label}: another worker holds it, skipping also_decode {missing}")
         return False
     try:
-        decode_also(cell, data_dir, result, log)
-        cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        result = cell.result()  # as it is now that this worker holds the cell
+        added = decode_also(cell, data_dir, result, log)
+        if added:
+            cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
     finally:
         release(cell.lock)
-    log(f"{label}: done; decoded as {missing} too")
-    return True
+    if added:
+        log(f"{label}: done; decoded as {added} too")
+    return bool(added)
 
 
 def _reuse_or_warm_start(cell: Cell, data_dir: Path, reuse_from: list[Path], label: str,

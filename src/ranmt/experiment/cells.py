@@ -180,24 +180,31 @@ def missing_also_decode(cell: Cell, result: dict) -> list[str]:
     return [name for name in cell.experiment.also_decode if name not in done]
 
 
-def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> bool:
+def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> list[str]:
     """Decode and score the cell's checkpoint with each ``also_decode`` setting its
     ``result`` lacks, adding ``result["also_decode"][NAME] = {"settings", "tests"}``; a
     setting with ``shortlist`` first builds the run's lexical shortlist from the cell's
     training split when none is beside the checkpoint (``ranmt shortlist``'s defaults).
-    False when there was nothing to do."""
-    missing = missing_also_decode(cell, result)
-    for name in missing:
+    A setting that cannot decode here (bf16 on a CPU without it, say) is logged and left
+    out, so that it never costs the cell its result; the next run tries it again. Returns
+    the settings added."""
+    added = []
+    for name in missing_also_decode(cell, result):
         settings = cell.experiment.also_decode[name]
         options = {**cell.experiment.decode, **settings}
         load = {key: options.pop(key) for key in LOAD_OPTIONS if key in options}
-        if options.get("shortlist"):
-            ensure_shortlist(cell.run_dir, data_dir, log)
-        translator = Translator.load(cell.run_dir, **load, **options)
         log(f"{cell.label}: decoding the test sets as '{name}' ({settings})")
-        result.setdefault("also_decode", {})[name] = {
-            "settings": settings, "tests": decode_tests(cell, data_dir, translator, name)}
-    return bool(missing)
+        try:
+            if options.get("shortlist"):
+                ensure_shortlist(cell.run_dir, data_dir, log)
+            translator = Translator.load(cell.run_dir, **load, **options)
+            tests = decode_tests(cell, data_dir, translator, name)
+        except (ValueError, RuntimeError, OSError) as err:
+            log(f"{cell.label}: cannot decode as '{name}' here, left out: {err}")
+            continue
+        result.setdefault("also_decode", {})[name] = {"settings": settings, "tests": tests}
+        added.append(name)
+    return added
 
 
 def ensure_shortlist(run_dir: Path, data_dir: Path, log) -> Path:

@@ -294,6 +294,8 @@ def _check_also_decode(path: Path, decode: dict, raw) -> dict[str, dict]:
             if key in options and allowed is not None and options[key] not in allowed:
                 raise ConfigError(f"{path}: also_decode.{name}.{key}: {options[key]!r} is "
                                   f"not one of {list(allowed)}")
+        if options.get("precision") == "bf16" and options.get("quantize", "none") != "none":
+            raise ConfigError(f"{path}: also_decode.{name}: bf16 and int8 are alternatives")
         decoding = {k: v for k, v in {**decode, **options}.items() if k not in LOAD_OPTIONS}
         try:
             decode_with(DecodeConfig(), **decoding)

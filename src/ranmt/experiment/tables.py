@@ -123,6 +123,22 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
     return lines, numbers
 
 
+def _also_decode_p_values(experiment: Experiment, test: str, refs: list[str], runs: list[dict],
+                          setting: str, metrics: list[str]) -> dict[str, dict[int, float]]:
+    """metric -> seed -> paired-bootstrap p of a setting's hypotheses against the grid
+    decode's of the same cell (the first system, named "decode")."""
+    pvalues: dict[str, dict[int, float]] = {m: {} for m in metrics}
+    for cell in runs if metrics else []:
+        recorded = cell["also_decode"][setting]["tests"][test]["hyp_file"]
+        result = paired_bootstrap(
+            [("decode", _read_hyps(experiment, cell, test)),
+             (setting, _read_hyps(experiment, cell, test, recorded, setting))],
+            refs, metrics, experiment.bootstrap_samples)
+        for metric in metrics:
+            pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+    return pvalues
+
+
 def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
                        by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
     """One test set's table of the ``also_decode`` settings: per variant and setting the
@@ -141,17 +157,7 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
             runs = [c for c in cells if setting in c.get("also_decode", {})]
             refs = refs if refs is not None else raw_text(
                 Path(experiment.out) / "data" / dataset.references_from, test, "tgt")
-            pvalues: dict[str, dict[int, float]] = {m: {} for m in sig_metrics}
-            for cell in runs:
-                if not sig_metrics:
-                    break
-                alt = cell["also_decode"][setting]["tests"][test]
-                result = paired_bootstrap(
-                    [("decode", _read_hyps(experiment, cell, test)),
-                     (setting, _read_hyps(experiment, cell, test, alt["hyp_file"], setting))],
-                    refs, sig_metrics, experiment.bootstrap_samples)
-                for metric in sig_metrics:
-                    pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+            pvalues = _also_decode_p_values(experiment, test, refs, runs, setting, sig_metrics)
             row, entry = [], {}
             for metric in metrics:
                 main = {c["seed"]: c["tests"][test][metric] for c in runs}

@@ -13,14 +13,15 @@
 # any second one. Ctrl-C (or SIGINT/SIGTERM to this script) stops every worker the way a
 # signal stops `ranmt experiment`: the running cells save their checkpoints; rerun the
 # script to resume. A worker stopped by a signal of its own ends its chain too.
-# Variables: WORKERS (default: the cores this process may use), BIN (default .venv/bin),
-# LOG (default grid_workers; worker N writes LOG.N.log).
+# Variables: WORKERS (default: the cores this process may use), BIN (default: the
+# checkout's .venv/bin), LOG (default grid_workers; worker N writes LOG.N.log). Run it where
+# you would run `ranmt experiment`: paths are read from the current folder.
 set -euo pipefail -m  # -m: each worker its own process group, signalled as one
-cd "$(dirname "$0")/.."
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+LOG="${LOG:-grid_workers}"
 CONFIG="$1"
 shift
-BIN="${BIN:-.venv/bin}"
-LOG="${LOG:-grid_workers}"
+BIN="${BIN:-$REPO/.venv/bin}"
 mapfile -t CORES < <("$BIN/python" -c 'import os; print(*sorted(os.sched_getaffinity(0)), sep="\n")')
 WORKERS="${WORKERS:-${#CORES[@]}}"
 SEEDS=$("$BIN/python" -c 'import sys, yaml; print(*(yaml.safe_load(open(sys.argv[1])) or {}).get("seeds", [1, 2, 3]))' "$CONFIG")
@@ -29,7 +30,7 @@ pids=()
 for ((worker = 0; worker < WORKERS; worker++)); do
   core="${CORES[$((worker % ${#CORES[@]}))]}"
   (
-    for seed in $SEEDS; do
+    for seed in $SEEDS; do  # "ranmt experiment" exits 130 when stopped by a signal
       OMP_NUM_THREADS=1 taskset -c "$core" "$BIN/ranmt" experiment "$CONFIG" --seeds "$seed" "$@" \
         || exit $?
     done

@@ -820,3 +820,40 @@ def test_grid_workers_script_trains_cells_in_pinned_single_threaded_workers(tmp_
         assert machine["cores"] == 1 and machine["threads"] == 1
     logs = [(tmp_path / f"worker.{n}.log").read_text() for n in (0, 1)]
     assert sum(log.count(": running") for log in logs) == 2, logs
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved(tmp_path):
+    """SIGINT to scripts/grid_workers.sh reaches every worker: each saves its cell's
+    checkpoint and exits, no cell is recorded, and the script exits non-zero."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from ranmt.checkpoint import step_checkpoints
+
+    root = Path(__file__).resolve().parent.parent
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["overrides"]["train.max_steps"] = 100_000  # never finishes on its own
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "WORKERS": "2", "BIN": str(Path(sys.executable).parent),
+           "LOG": str(tmp_path / "worker")}
+    script = subprocess.Popen(["bash", str(root / "scripts/grid_workers.sh"), str(path)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = [tmp_path / f"worker.{n}.log" for n in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and "step " in log.read_text() for log in logs):
+        assert time.monotonic() < deadline and script.poll() is None, "workers never trained"
+        time.sleep(0.5)
+    script.send_signal(signal.SIGINT)
+    assert script.wait(timeout=120) != 0
+    runs = tmp_path / "exp" / "runs" / "reverse"
+    for variant in ("TransF", "RAN-ALL"):
+        assert not (runs / variant / "seed1" / "cell.json").exists()
+        assert step_checkpoints(runs / variant / "seed1" / "run")
+    for log in logs:
+        assert "SIGINT received" in log.read_text()

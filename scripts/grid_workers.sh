@@ -27,7 +27,13 @@ WORKERS="${WORKERS:-${#CORES[@]}}"
 SEEDS=$("$BIN/python" -c 'import sys, yaml; print(*(yaml.safe_load(open(sys.argv[1])) or {}).get("seeds", [1, 2, 3]))' "$CONFIG")
 
 pids=()
-for ((worker = 0; worker < WORKERS; worker++)); do
+stopping=0
+stop() {
+  stopping=1
+  for pid in "${pids[@]}"; do kill -INT -- "-$pid" 2>/dev/null || true; done
+}
+trap stop INT TERM  # before the first worker: a signal at any point reaches every one
+for ((worker = 0; worker < WORKERS && !stopping; worker++)); do
   core="${CORES[$((worker % ${#CORES[@]}))]}"
   (
     for seed in $SEEDS; do  # "ranmt experiment" exits 130 when stopped by a signal
@@ -37,10 +43,10 @@ for ((worker = 0; worker < WORKERS; worker++)); do
   ) >> "$LOG.$worker.log" 2>&1 &
   pids+=($!)
   echo "worker $worker on core $core: pid $!, log $LOG.$worker.log"
-  sleep 5  # the first claims its cell before the next starts
+  if ((worker + 1 < WORKERS)); then
+    sleep 5 || true  # the first claims its cell before the next starts
+  fi
 done
-stop() { for pid in "${pids[@]}"; do kill -INT -- "-$pid" 2>/dev/null || true; done; }
-trap stop INT TERM
 status=0
 for pid in "${pids[@]}"; do
   while true; do

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import ranmt.experiment.cells as cells_module
@@ -79,10 +86,6 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     from ranmt.runtime.precision import cpu_description
 
     transf_cell = exp / "runs/reverse/TransF/seed1/cell.json"
-    import os
-
-    import torch
-
     assert json.loads(transf_cell.read_text())["machine"] == {
         "cpu": cpu_description(), "device": "cpu", "cores": len(os.sched_getaffinity(0)),
         "threads": torch.get_num_threads()}
@@ -802,11 +805,6 @@ def test_also_decode_settings_are_checked_when_the_grid_loads(tmp_path, also_dec
 def test_grid_workers_script_trains_cells_in_pinned_single_threaded_workers(tmp_path):
     """scripts/grid_workers.sh: two workers share the grid (each cell trained once), each
     pinned to one core with one torch thread."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     path = _grid(tmp_path)
     env = {**os.environ, "WORKERS": "2", "BIN": str(Path(sys.executable).parent),
@@ -826,13 +824,6 @@ def test_grid_workers_script_trains_cells_in_pinned_single_threaded_workers(tmp_
 def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved(tmp_path):
     """SIGINT to scripts/grid_workers.sh reaches every worker: each saves its cell's
     checkpoint and exits, no cell is recorded, and the script exits non-zero."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
     from ranmt.checkpoint import step_checkpoints
 
     root = Path(__file__).resolve().parent.parent

@@ -136,5 +136,10 @@ def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tm
     same = sum(a == b for a, b in zip(raw_text(distilled, "train", "tgt"), translations))
     assert same >= 0.99 * len(sources)
     assert raw_text(distilled, "test", "tgt") == raw_text(teacher_data, "test", "tgt")
+    # the students are scored on the teacher dataset's test sets (it lists none of its own)
+    student = json.loads((exp / "runs/reverse-distilled/Student/seed1/cell.json").read_text())
+    assert list(student["tests"]) == ["test"] and student["tests"]["test"]["bleu"] >= 0
+    assert len(raw_text(distilled, "test", "src")) == 40 == len(
+        (exp / "runs/reverse-distilled/Student/seed1/test.hyp").read_text().splitlines())
     assert original["name"] == "reverse"
     assert "reverse-distilled" in (exp / "results.md").read_text()

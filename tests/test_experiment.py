@@ -407,6 +407,15 @@ def test_a_variant_runs_only_with_its_own_seeds(tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="does not run with seed 1"):
         load_experiment(path)
+    # a distilled dataset is scored on its teacher dataset's test sets: all of them by
+    # default, or those it lists, which must be among them
+    config["datasets"][1]["distill"]["teacher"]["variant"] = "TransF"
+    path.write_text(yaml.safe_dump(config))
+    assert load_experiment(path).datasets[1].tests == {"test": "test"}
+    config["datasets"][1]["tests"] = ["test", "test_2099"]
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"test sets \['test_2099'\] are not test sets"):
+        load_experiment(path)
 
 
 def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):

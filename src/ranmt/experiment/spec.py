@@ -319,6 +319,7 @@ def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -
             if source not in seen:
                 raise ConfigError(f"{path}: dataset {dataset.name} is distilled from dataset "
                                   f"'{source}', which must come before it in the grid")
+            _inherit_tests(path, dataset, next(d for d in datasets if d.name == source))
             entry = next((v for v in variants if v.get("name") == variant), None)
             if entry is None or source not in entry.get("datasets", (source,)):
                 raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
@@ -327,6 +328,21 @@ def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -
                 raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
                                   f"'{variant}' does not run with seed {seed}")
         seen.append(dataset.name)
+
+
+def _inherit_tests(path: Path, dataset: Dataset, source: Dataset) -> None:
+    """A distilled dataset is scored on its teacher dataset's test sets (their sources and
+    human references, copied by ``cells.prepare_distilled``): all of them when it lists
+    none, else the ones it lists, which must be among them."""
+    if not dataset.tests:
+        dataset.tests = {name: name for name in source.tests}
+        return
+    unknown = sorted(set(dataset.tests) - set(source.tests))
+    if unknown:
+        raise ConfigError(f"{path}: dataset {dataset.name}: test sets {unknown} are not "
+                          f"test sets of its teacher's dataset {source.name} "
+                          f"({sorted(source.tests)}); a distilled dataset is scored on those")
+    dataset.tests = {name: name for name in dataset.tests}
 
 
 def git_commit() -> str | None:

@@ -791,6 +791,98 @@ def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkey
     assert "(-0.40 ± 0.10)" in row and "†" not in row
 
 
+def _hand_cell(dataset: str, variant: str, seed: int, bleu: float) -> dict:
+    """A finished cell made by hand: one test set "t", SacreBLEU ``bleu``, the rest fixed."""
+    scores = {"bleu": bleu, "tok_bleu": bleu, "chrf": 50.0, "ter": 60.0,
+              "sentences_per_s": 1.0, "target_tokens_per_s": 1.0}
+    return {"dataset": dataset, "variant": variant, "seed": seed, "parameters": 1,
+            "tests": {"t": scores},
+            "train": {"steps": 1, "best_step": 1, "best_valid_bleu": bleu,
+                      "wall_time_s": 1.0, "train_tokens_per_s": 1.0}}
+
+
+def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_path,
+                                                                        monkeypatch):
+    """Hand-made cells: a student on distilled data against itself on the original (seed
+    by seed; † and ‡ as in the main tables) and against one teacher run (†, never ‡: the
+    teacher's seed spread is unknown); no cell against itself; a dataset whose references
+    differ is left out."""
+    from ranmt.experiment import Dataset, Experiment, build_tables
+    from ranmt.experiment.spec import Comparison
+
+    distill = {"teacher": {"dataset": "orig", "variant": "T", "seed": 1}}
+    experiment = Experiment(
+        name="hand", out=tmp_path, datasets=[
+            Dataset(name="orig", src="s", tgt="t", tests={"t": "t"}),
+            Dataset(name="dist", src="s", tgt="t", tests={"t": "t"}, distill=distill),
+            Dataset(name="fr", src="s", tgt="t", tests={"t": "t"})],
+        variants=[{"name": "T", "datasets": ("orig",), "seeds": (1,)}, {"name": "S"}],
+        seeds=[1, 2, 3], baseline="S", base_config=None, overrides={}, decode={},
+        comparisons=[Comparison("distillation", (("dataset", "orig"),), ("dist", "fr")),
+                     Comparison("teacher", (("dataset", "orig"), ("seed", 1),
+                                            ("variant", "T")))])
+    monkeypatch.setattr(tables_module, "raw_text",
+                        lambda folder, *a: ["other ref" if Path(folder).name == "fr"
+                                            else "ref"])
+    monkeypatch.setattr(tables_module, "_read_hyps",
+                        lambda e, c, t, recorded=None, setting=None:
+                        [f"{c['dataset']} {c['variant']} {c['seed']}"])
+    first_systems = set()
+
+    def fake_bootstrap(systems, refs, metrics, samples):
+        first_systems.add(systems[0][0])
+        return {"systems": [{}, {f"{m}_p": 0.01 if m == "bleu" else 0.9 for m in metrics}]}
+
+    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    cells = [_hand_cell("orig", "T", 1, 35.0)]
+    for seed, original, distilled in ((1, 30.0, 31.5), (2, 31.0, 32.2), (3, 32.0, 33.3)):
+        cells += [_hand_cell("orig", "S", seed, original),
+                  _hand_cell("dist", "S", seed, distilled), _hand_cell("fr", "S", seed, 9.0)]
+    markdown, results = build_tables(experiment, cells)
+    rows = [line for line in markdown.split("\n") if line.startswith(("| orig |", "| dist |",
+                                                                       "| fr |"))]
+    # distillation: +1.5, +1.2, +1.3 -> +1.33 ± 0.15; Welch p ~ 0.17: † alone
+    assert rows[0] == ("| dist | S | orig / S | 3 | 32.33 ± 0.91 (+1.33 ± 0.15) | "
+                       "32.33 ± 0.91 (+1.33 ± 0.15) † | 50.00 ± 0.00 (+0.00 ± 0.00) | "
+                       "60.00 ± 0.00 (+0.00 ± 0.00) |")
+    # against the teacher (35.0): -5, -4, -3 and -3.5, -2.8, -1.7; Welch against a
+    # constant would give p ~ 0.02 (‡): not drawn for one teacher run
+    assert rows[1].startswith("| orig | S | orig / T / seed 1 | 3 | 31.00 ± 1.00 (-4.00 ± "
+                              "1.00) | 31.00 ± 1.00 (-4.00 ± 1.00) † |")
+    assert rows[2].startswith("| dist | S | orig / T / seed 1 | 3 | 32.33 ± 0.91 (-2.67 ± "
+                              "0.91) | 32.33 ± 0.91 (-2.67 ± 0.91) † |")
+    assert len(rows) == 3 and "‡" not in markdown.split("## teacher")[1]
+    numbers = results["comparisons"]["distillation"]["t"]["dist"]["S"]["bleu"]
+    assert numbers["per_seed_delta"] == pytest.approx({"1": 1.5, "2": 1.2, "3": 1.3})
+    assert numbers["significance"]["dagger"] and not numbers["significance"]["double_dagger"]
+    teacher = results["comparisons"]["teacher"]["t"]["orig"]["S"]["bleu"]["significance"]
+    assert teacher["welch_p"] is None and teacher["dagger"]
+    # (the main tables' bootstraps name the baseline, S, first)
+    assert first_systems == {"S", "comparison distillation", "comparison teacher"}
+
+
+@pytest.mark.parametrize("comparisons, message", [
+    ([{"against": {"dataset": "reverse"}}], "needs a name"),
+    ([{"name": "a", "against": {"dataset": "reverse"}}] * 2, "two comparisons"),
+    ([{"name": "a", "against": {}}], "against maps"),
+    ([{"name": "a", "against": {"datset": "reverse"}}], "against maps"),
+    ([{"name": "a", "against": {"dataset": "wmt"}}], "against.dataset 'wmt'"),
+    ([{"name": "a", "against": {"seed": 4}}], "against.seed 4"),
+    ([{"name": "a", "against": {"variant": "TransF"}, "variants": ["X"]}], r"variants \['X'\]"),
+    ([{"name": "a", "against": {"variant": "TransF"}, "rows": 1}], "unknown key"),
+    ({"name": "a"}, "comparisons lists"),
+])
+def test_comparisons_are_checked_when_the_grid_loads(tmp_path, comparisons, message):
+    from ranmt.experiment.spec import load_experiment
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["comparisons"] = comparisons
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(path)
+
+
 @pytest.mark.parametrize("also_decode, message", [
     ({"bad name": {"beam": 1}}, "letters, digits"),
     ({"x": {"beem": 1}}, "did you mean beam"),

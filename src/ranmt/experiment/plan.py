@@ -31,7 +31,8 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
     if dataset.distill is not None:
         source, variant, seed = dataset.teacher_cell()
         return [f"distilled: the translations of {source}'s training data by the cell "
-                f"{source} / {variant} / seed {seed} once it has finished"]
+                f"{source} / {variant} / seed {seed} once it has finished; scored on "
+                f"{', '.join(dataset.tests) or 'no test set'}"]
     if dataset.download:
         spec = dict(dataset.download)
         name = spec.get("dataset", "multi30k")
@@ -100,6 +101,13 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
     log(f"every cell decodes its test sets with {experiment.decode or 'the defaults'}"
         + "".join(f"; also as '{name}' ({options})"
                   for name, options in experiment.also_decode.items()))
+    for comparison in experiment.comparisons:
+        rows = (f"{', '.join(comparison.variants) if comparison.variants else 'every variant'}"
+                f" on {', '.join(comparison.datasets) if comparison.datasets else 'every dataset'}")
+        log(f"comparison '{comparison.name}': {rows} against "
+            + ", ".join(f"{key} {value}" for key, value in comparison.against)
+            + " (seed by seed, on the test sets they share)")
+    plan["comparisons"] = [comparison.name for comparison in experiment.comparisons]
     for dataset in experiment.datasets:
         notes = _dataset_notes(dataset, root)
         plan["datasets"][dataset.name] = notes

@@ -77,6 +77,37 @@ class Variant:
                 and (seed is None or self.seeds is None or seed in self.seeds))
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """A table across datasets (or against one fixed cell): each cell of ``datasets`` x
+    ``variants`` (None: all) against the cell ``against`` names, seed by seed on the test
+    sets both share. ``against`` holds ``dataset`` / ``variant`` / ``seed``, each absent
+    meaning the row's own: ``{dataset: original}`` is every variant against itself trained
+    on another dataset (does distillation pay?), ``{dataset: original, variant: Teacher,
+    seed: 1}`` every cell against one teacher."""
+
+    name: str
+    against: tuple[tuple[str, object], ...]
+    datasets: tuple[str, ...] | None = None
+    variants: tuple[str, ...] | None = None
+
+    def against_cell(self, dataset: str, variant: str, seed: int) -> tuple[str, str, int]:
+        """(dataset, variant, seed) of the cell a row's cell (dataset, variant, seed) is
+        compared with."""
+        against = dict(self.against)
+        return (str(against.get("dataset", dataset)), str(against.get("variant", variant)),
+                int(against.get("seed", seed)))
+
+    @property
+    def fixed_seed(self) -> bool:
+        """Every seed is compared with one run (a teacher trained once): no Welch test."""
+        return "seed" in dict(self.against)
+
+    def covers(self, dataset: str, variant: str) -> bool:
+        return ((self.datasets is None or dataset in self.datasets)
+                and (self.variants is None or variant in self.variants))
+
+
 @dataclass
 class Experiment:
     name: str
@@ -97,6 +128,9 @@ class Experiment:
     ``decode`` and optionally ``quantize`` / ``precision`` / ``device`` (the copy decoded), e.g.
     ``{shortlist: {shortlist: true}, int8: {quantize: int8}}``; each is scored on every
     test set beside the grid's decode (``cells.decode_also``, cell.json's ``also_decode``)."""
+    comparisons: list[Comparison] = field(default_factory=list)
+    """Tables across datasets (``tables.comparison_tables``): distilled against original
+    data, students against their teacher."""
 
     def __post_init__(self):
         # a YAML mapping {name, overrides} becomes a Variant
@@ -213,7 +247,8 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ConfigError(f"experiment file {path} does not exist")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     known = {"name", "out", "datasets", "variants", "seeds", "baseline", "base_config",
-             "overrides", "decode", "bootstrap_samples", "alpha", "also_decode"}
+             "overrides", "decode", "bootstrap_samples", "alpha", "also_decode",
+             "comparisons"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{path}: unknown experiment key(s) {sorted(unknown)}; "
@@ -265,7 +300,54 @@ def load_experiment(path: str | Path) -> Experiment:
         overrides=dict(raw.get("overrides", {})), decode=dict(raw.get("decode", {})),
         bootstrap_samples=int(raw.get("bootstrap_samples", 1000)),
         alpha=float(raw.get("alpha", 0.05)), path=path,
-        also_decode=_check_also_decode(path, raw.get("decode", {}), raw.get("also_decode")))
+        also_decode=_check_also_decode(path, raw.get("decode", {}), raw.get("also_decode")),
+        comparisons=_check_comparisons(path, raw.get("comparisons"), dataset_names, names,
+                                       seeds))
+
+
+def _check_comparisons(path: Path, raw, datasets: list[str], variants: list[str],
+                       seeds: list[int]) -> list[Comparison]:
+    """The ``comparisons`` list, checked: unique names; ``against`` a mapping of at least
+    one of dataset / variant / seed, naming the grid's datasets, variants and seeds; the
+    optional ``datasets`` / ``variants`` filters naming the grid's."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: comparisons lists tables across datasets, e.g. "
+                          "[{name: distillation, datasets: [distilled], against: "
+                          "{dataset: original}}]")
+    checked: list[Comparison] = []
+    for entry in raw:
+        if not isinstance(entry, dict) or not entry.get("name"):
+            raise ConfigError(f"{path}: every comparison needs a name")
+        name = str(entry["name"])
+        unknown = sorted(set(entry) - {"name", "against", "datasets", "variants"})
+        if unknown:
+            raise ConfigError(f"{path}: comparison {name}: unknown key(s) {unknown}; a "
+                              "comparison has a name, against and optionally datasets and "
+                              "variants")
+        if name in [c.name for c in checked]:
+            raise ConfigError(f"{path}: two comparisons are named {name}")
+        against = entry.get("against")
+        if not isinstance(against, dict) or not against or \
+                set(against) - {"dataset", "variant", "seed"}:
+            raise ConfigError(f"{path}: comparison {name}: against maps some of dataset, "
+                              "variant and seed to the cell to compare with")
+        known = {"dataset": datasets, "variant": variants, "seed": seeds}
+        for key, value in against.items():
+            if value not in known[key]:
+                raise ConfigError(f"{path}: comparison {name}: against.{key} {value!r} is "
+                                  f"not one of the grid's {known[key]}")
+        for key, grid_names in (("datasets", datasets), ("variants", variants)):
+            outside = sorted(set(entry.get(key) or []) - set(grid_names))
+            if outside:
+                raise ConfigError(f"{path}: comparison {name}: {key} {outside} are not in "
+                                  f"the grid ({grid_names})")
+        checked.append(Comparison(
+            name, tuple(sorted(against.items())),
+            tuple(entry["datasets"]) if entry.get("datasets") else None,
+            tuple(entry["variants"]) if entry.get("variants") else None))
+    return checked
 
 
 # keys of ``decode`` / ``also_decode`` that choose where and which copy of the model is

@@ -98,7 +98,9 @@ def _replayed_bootstrap(committed: Path):
     the per-seed p-values recorded in the committed results*.json: the variants' hypotheses
     name their cell (dataset, test, seed), the first system names the baseline; in the
     tables of other decodings (``also_decode``) the first system is the grid's decode
-    ("decode") and the second is named by its setting (``TEST.SETTING.hyp``)."""
+    ("decode") and the second is named by its setting (``TEST.SETTING.hyp``); in the
+    comparisons across datasets the first is "comparison NAME", the second the row's
+    variant."""
     cells = {}  # (system name, hypotheses) -> (dataset, test, seed, variant)
     for path in (committed / "runs").glob("*/*/seed*/*.hyp"):
         dataset, variant, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
@@ -122,6 +124,15 @@ def _replayed_bootstrap(committed: Path):
                             metric: dict(zip(value["significance"]["seeds"],
                                              value["significance"]["per_seed_p"]))
                             for metric, value in metrics.items() if value["significance"]}
+        for name, by_test in results.get("comparisons", {}).items():
+            for test, by_dataset in by_test.items():
+                for dataset, by_variant in by_dataset.items():
+                    for variant, entry in by_variant.items():
+                        recorded[(f"comparison {name}", dataset, test, variant)] = {
+                            metric: dict(zip(value["significance"]["seeds"],
+                                             value["significance"]["per_seed_p"]))
+                            for metric, value in entry.items()
+                            if isinstance(value, dict) and value.get("significance")}
 
     def replay(systems, refs, metrics, samples=1000, seed=12345):
         rows: list[dict] = [{"name": systems[0][0]}]

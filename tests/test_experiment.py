@@ -861,42 +861,32 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
     assert first_systems == {"S", "comparison distillation", "comparison teacher"}
 
 
-@pytest.mark.parametrize("comparisons, message", [
-    ([{"against": {"dataset": "reverse"}}], "needs a name"),
-    ([{"name": "a", "against": {"dataset": "reverse"}}] * 2, "two comparisons"),
-    ([{"name": "a", "against": {}}], "against maps"),
-    ([{"name": "a", "against": {"datset": "reverse"}}], "against maps"),
-    ([{"name": "a", "against": {"dataset": "wmt"}}], "against.dataset 'wmt'"),
-    ([{"name": "a", "against": {"seed": 4}}], "against.seed 4"),
-    ([{"name": "a", "against": {"variant": "TransF"}, "variants": ["X"]}], r"variants \['X'\]"),
-    ([{"name": "a", "against": {"variant": "TransF"}, "rows": 1}], "unknown key"),
-    ({"name": "a"}, "comparisons lists"),
+@pytest.mark.parametrize("key, value, message", [
+    ("comparisons", [{"against": {"dataset": "reverse"}}], "needs a name"),
+    ("comparisons", [{"name": "a", "against": {"dataset": "reverse"}}] * 2, "two comparisons"),
+    ("comparisons", [{"name": "a", "against": {}}], "against maps"),
+    ("comparisons", [{"name": "a", "against": {"datset": "reverse"}}], "against maps"),
+    ("comparisons", [{"name": "a", "against": {"dataset": "wmt"}}], "against.dataset 'wmt'"),
+    ("comparisons", [{"name": "a", "against": {"seed": 4}}], "against.seed 4"),
+    ("comparisons", [{"name": "a", "against": {"variant": "TransF"}, "variants": ["X"]}],
+     r"variants \['X'\]"),
+    ("comparisons", [{"name": "a", "against": {"variant": "TransF"}, "rows": 1}],
+     "unknown key"),
+    ("comparisons", {"name": "a"}, "comparisons lists"),
+    ("also_decode", {"bad name": {"beam": 1}}, "letters, digits"),
+    ("also_decode", {"x": {"beem": 1}}, "did you mean beam"),
+    ("also_decode", {"x": {"quantize": "int4"}}, "not one of"),
+    ("also_decode", {"x": {}}, "at least one option"),
+    ("also_decode", {"x": {"beam": 0}}, "also_decode.x"),
+    ("also_decode", {"x": {"quantize": "int8", "precision": "bf16"}}, "alternatives"),
 ])
-def test_comparisons_are_checked_when_the_grid_loads(tmp_path, comparisons, message):
+def test_also_decode_and_comparisons_are_checked_when_the_grid_loads(tmp_path, key, value,
+                                                                     message):
     from ranmt.experiment.spec import load_experiment
 
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
-    config["comparisons"] = comparisons
-    path.write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigError, match=message):
-        load_experiment(path)
-
-
-@pytest.mark.parametrize("also_decode, message", [
-    ({"bad name": {"beam": 1}}, "letters, digits"),
-    ({"x": {"beem": 1}}, "did you mean beam"),
-    ({"x": {"quantize": "int4"}}, "not one of"),
-    ({"x": {}}, "at least one option"),
-    ({"x": {"beam": 0}}, "also_decode.x"),
-    ({"x": {"quantize": "int8", "precision": "bf16"}}, "alternatives"),
-])
-def test_also_decode_settings_are_checked_when_the_grid_loads(tmp_path, also_decode, message):
-    from ranmt.experiment.spec import load_experiment
-
-    path = _grid(tmp_path)
-    config = yaml.safe_load(path.read_text())
-    config["also_decode"] = also_decode
+    config[key] = value
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=message):
         load_experiment(path)

@@ -125,6 +125,17 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
     return lines, numbers
 
 
+def _with_difference(scores: dict[int, float], reference: dict[int, float]
+                     ) -> tuple[str, list[float]]:
+    """"mean (±d ± std)": the mean ± std of ``scores`` (seed -> score) and of their per-seed
+    differences to ``reference`` (seed -> score, every seed of ``scores``); and those
+    differences, in ``scores``' seed order."""
+    deltas = [scores[seed] - reference[seed] for seed in scores]
+    delta_mean, delta_std = _mean_std(deltas)
+    return (f"{_format(*_mean_std(list(scores.values())))} ({delta_mean:+.2f}"
+            + ("" if delta_std is None else f" ± {delta_std:.2f}") + ")"), deltas
+
+
 def _also_decode_p_values(experiment: Experiment, test: str, refs: list[str], runs: list[dict],
                           setting: str, metrics: list[str]) -> dict[str, dict[int, float]]:
     """metric -> seed -> paired-bootstrap p of a setting's hypotheses against the grid
@@ -164,10 +175,7 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
             for metric in metrics:
                 main = {c["seed"]: c["tests"][test][metric] for c in runs}
                 alt = {c["seed"]: c["also_decode"][setting]["tests"][test][metric] for c in runs}
-                deltas = [alt[seed] - main[seed] for seed in main]
-                delta_mean, delta_std = _mean_std(deltas)
-                text = (f"{_format(*_mean_std(list(alt.values())))} ({delta_mean:+.2f}"
-                        + ("" if delta_std is None else f" ± {delta_std:.2f}") + ")")
+                text, deltas = _with_difference(alt, main)
                 comparison = None
                 if metric in pvalues:
                     comparison = compare_over_seeds(main, alt, pvalues[metric], experiment.alpha)
@@ -335,10 +343,7 @@ def _comparison_row(experiment: Experiment, comparison: Comparison, test: str,
     for metric in metrics:
         own = {a["seed"]: a["tests"][test][metric] for a, _ in pairs}
         other = {a["seed"]: b["tests"][test][metric] for a, b in pairs}
-        deltas = [own[seed] - other[seed] for seed in own]
-        delta_mean, delta_std = _mean_std(deltas)
-        text = (f"{_format(*_mean_std(list(own.values())))} ({delta_mean:+.2f}"
-                + ("" if delta_std is None else f" ± {delta_std:.2f}") + ")")
+        text, deltas = _with_difference(own, other)
         significance = None
         if metric in pvalues:
             significance = compare_over_seeds(other, own, pvalues[metric], experiment.alpha)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import reverse_task, write_parallel
 from ranmt.cli import main
 from ranmt.data.corpus import load_meta, raw_text
 from ranmt.inference.distill import DistillFilter, distill, repeated_ngram
@@ -143,3 +144,17 @@ def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tm
         (exp / "runs/reverse-distilled/Student/seed1/test.hyp").read_text().splitlines())
     assert original["name"] == "reverse"
     assert "reverse-distilled" in (exp / "results.md").read_text()
+    # a test set added to the teacher's dataset later reaches the distilled one (copied:
+    # the same sources, references and SentencePiece models) and both datasets' cells
+    src2, tgt2 = reverse_task(20, 9)
+    write_parallel(tmp_path / "test2", src2, tgt2)
+    config["datasets"][0]["tests"]["test2"] = str(tmp_path / "test2")
+    path.write_text(yaml.safe_dump(config))
+    main(["experiment", str(path)])
+    for side in ("src", "tgt"):
+        assert (distilled / f"test2.{side}.tokens.npy").read_bytes() == \
+            (teacher_data / f"test2.{side}.tokens.npy").read_bytes()
+    assert raw_text(distilled, "test2", "tgt") == tgt2
+    for cell in ("reverse/Teacher", "reverse-distilled/Student"):
+        scored = json.loads((exp / "runs" / cell / "seed1/cell.json").read_text())["tests"]
+        assert sorted(scored) == ["test", "test2"]

@@ -669,7 +669,8 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     """``also_decode``: a finished cell of a grid that gained the setting later is decoded
     with it without training again; its hypotheses are the translator's with those
     settings; a shortlist is built beside the checkpoint from the cell's training split;
-    the table gives the difference to the grid's decode of the same checkpoint."""
+    the table gives the difference to the grid's decode of the same checkpoint. A test set
+    the grid gains later is prepared and decoded the same way."""
     import numpy as np
 
     from ranmt.data.corpus import raw_text
@@ -715,6 +716,25 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     before = cell_file.stat().st_mtime_ns
     main(["experiment", str(path)])
     assert cell_file.stat().st_mtime_ns == before and calls == []
+    # a test set added to the dataset later is encoded into its prepared data (with its
+    # SentencePiece models, the other splits untouched) and decoded both ways, untrained
+    train_tokens = (data / "train.src.tokens.npy").read_bytes()
+    src2, tgt2 = reverse_task(30, 7)
+    write_parallel(tmp_path / "test2", src2, tgt2)
+    config["datasets"][0]["tests"]["test2"] = str(tmp_path / "test2")
+    path.write_text(yaml.safe_dump(config))
+    main(["experiment", str(path)])
+    assert calls == [] and (data / "train.src.tokens.npy").read_bytes() == train_tokens
+    assert raw_text(data, "test2", "src") == src2
+    cell = json.loads(cell_file.read_text())
+    beam2 = Translator.load(run, device="cpu", beam=2).translate(src2)
+    assert cell["tests"]["test2"]["bleu"] == pytest.approx(score(beam2, tgt2, ["bleu"],
+                                                                 "")["bleu"])
+    assert (exp / "runs/reverse/TransF/seed1/test2.hyp").read_text().split("\n")[:-1] \
+        == beam2
+    assert [sorted(entry["tests"]) for entry in cell["also_decode"].values()] == \
+        [["test", "test2"]] * 2
+    assert "## reverse — test2" in (exp / "results.md").read_text()
 
 
 def test_a_setting_that_cannot_decode_never_costs_a_cell_its_result(tmp_path, monkeypatch,

@@ -263,6 +263,35 @@ def prepare(src: str, tgt: str, train: str | Sequence[str], valid: str, out: str
     return meta
 
 
+def add_test_splits(data_dir: str | Path, tests: dict[str, str], log=print,
+                    workers: int = 1) -> dict:
+    """Encode more test sets (name -> prefix) into a prepared-data directory with its own
+    SentencePiece models, as :func:`prepare` encodes test sets (nothing filtered): a test
+    set added to a grid after its dataset was prepared. meta.json lists them once they are
+    written whole (a killed run leaves them unlisted, to be encoded again); the other
+    splits are not touched. Returns the updated meta."""
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir)
+    for name in tests:
+        if name in ("train", "valid"):
+            raise PrepareError(f"test split name '{name}' clashes with train/valid")
+        if name in meta["splits"]:
+            raise PrepareError(f"{data_dir} already has a split '{name}'")
+    settings = _Settings(meta["src_lang"], meta["tgt_lang"], [], "strict",
+                         meta["max_positions"], None, 20_000, workers, False, log)
+    with ChunkEncoder(data_dir / "spm.src.model", data_dir / "spm.tgt.model",
+                      workers) as encoder:
+        for name, prefix in tests.items():
+            meta["splits"][name], _ = _encode_split(data_dir, name, settings, encoder,
+                                                    [prefix], filtered=False)
+            log(f"{data_dir}: added the test set {name} ({meta['splits'][name]['pairs']} "
+                "pairs)")
+    written = data_dir / "meta.json.tmp"
+    written.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    written.replace(data_dir / "meta.json")
+    return meta
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -20,7 +20,9 @@ from ranmt.experiment.cells import (
     CellInterrupted,
     claim,
     decode_also,
+    decode_missing_tests,
     missing_also_decode,
+    missing_tests,
     prepare_dataset,
     prepare_once,
     release,
@@ -91,7 +93,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
         label = f"cell {index}/{len(selected)}: {cell.label}"
         if cell.finished:
-            if _complete_also_decode(cell, data_dir, label, log):
+            if _complete_decodes(cell, data_dir, label, log):
                 write_results(experiment, grid, log, extra_baselines)
             else:
                 log(f"{label}: done, reusing {cell.file}")
@@ -120,31 +122,33 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     return write_results(experiment, grid, log, extra_baselines)
 
 
-def _complete_also_decode(cell: Cell, data_dir: Path, label: str, log) -> bool:
-    """A finished cell lacking some of the grid's ``also_decode`` settings (added to the
-    grid after it finished) is decoded with them now, from its best checkpoint, when that
-    is on this machine; True when cell.json was updated."""
-    missing = missing_also_decode(cell, cell.result())
+def _complete_decodes(cell: Cell, data_dir: Path, label: str, log) -> bool:
+    """A finished cell lacking some of the grid's test sets or ``also_decode`` settings
+    (added to the grid after it finished) is decoded with them now, from its best
+    checkpoint, when that is on this machine; True when cell.json was updated."""
+    result = cell.result()
+    missing = missing_tests(cell, result) + missing_also_decode(cell, result)
     if not missing:
         return False
     try:
         resolve_checkpoint(cell.run_dir)
     except CheckpointError:
-        log(f"{label}: done; its checkpoint is not in {cell.run_dir}, so also_decode "
-            f"{missing} cannot be decoded here")
+        log(f"{label}: done; its checkpoint is not in {cell.run_dir}, so {missing} cannot "
+            "be decoded here")
         return False
     if not claim(cell.lock):
-        log(f"{label}: another worker holds it, skipping also_decode {missing}")
+        log(f"{label}: another worker holds it, skipping {missing}")
         return False
     try:
         result = cell.result()  # as it is now that this worker holds the cell
-        added = decode_also(cell, data_dir, result, log)
+        added = decode_missing_tests(cell, data_dir, result, log)
+        added += decode_also(cell, data_dir, result, log)
         if added:
             cell.file.write_text(json.dumps(result, indent=1), encoding="utf-8")
     finally:
         release(cell.lock)
     if added:
-        log(f"{label}: done; decoded as {added} too")
+        log(f"{label}: done; decoded {added} too")
     return bool(added)
 
 

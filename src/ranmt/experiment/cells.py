@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ranmt.config import ConfigError, to_dict
-from ranmt.data.corpus import load_meta, prepare, raw_text
+from ranmt.data.corpus import add_test_splits, load_meta, prepare, raw_text
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
@@ -31,40 +31,90 @@ from ranmt.training.train import train
 def prepare_dataset(dataset: Dataset, root: Path, log, experiment: Experiment | None = None
                     ) -> Path:
     """Download (if asked) and prepare a dataset once; return the prepared-data directory.
-    A distilled dataset needs its grid (``experiment``: where the teacher cell is)."""
+    A distilled dataset needs its grid (``experiment``: where the teacher cell is). Test
+    sets added to the dataset after it was prepared are encoded into it
+    (:func:`add_missing_tests`)."""
     prepared = root / "data" / dataset.name
     if (prepared / "meta.json").is_file():
+        add_missing_tests(dataset, root, log, experiment)
         return prepared
     if dataset.distill is not None:
         if experiment is None:
             raise ConfigError(f"dataset {dataset.name} is distilled: prepared by its grid")
         return prepare_distilled(dataset, experiment, log)
-    tests = dict(dataset.tests)
-    train_prefix, valid_prefix = dataset.train, dataset.valid
-    if dataset.download:
-        raw = root / "data" / f"{dataset.name}.raw"
-        spec = dict(dataset.download)
-        kind = spec.get("dataset", "multi30k")
-        pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
-        if kind in available_wmt():
-            found = download_wmt(kind, pair, raw, spec.get("from"), log=log)
-            train_prefix = train_prefix or found["train"]
-            valid_prefix = valid_prefix or found["valid"]
-            tests = tests or found["tests"]
-        elif kind == "multi30k":
-            download_multi30k(pair, raw, spec.get("from"), log=log)
-            train_prefix = train_prefix or str(raw / "train")
-            valid_prefix = valid_prefix or str(raw / "val")
-        else:
-            raise ConfigError(f"dataset {dataset.name}: cannot download '{kind}' (available: "
-                              f"multi30k, {', '.join(available_wmt())})")
-        tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
-                 not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
+    train_prefix, valid_prefix, tests = _corpus_prefixes(dataset, root, log)
     log(f"preparing dataset {dataset.name}")
     prepare(dataset.src, dataset.tgt, train_prefix, valid_prefix, prepared, tests,
             dataset.vocab_size, dataset.joint, dataset.model_type, dataset.max_positions,
             log=log)
     return prepared
+
+
+def _corpus_prefixes(dataset: Dataset, root: Path, log) -> tuple[str | list[str], str,
+                                                                  dict[str, str]]:
+    """(train, valid, test name -> prefix) of a dataset that is not distilled, downloading
+    it first when it has ``download``."""
+    tests = dict(dataset.tests)
+    train_prefix, valid_prefix = dataset.train, dataset.valid
+    if not dataset.download:
+        return train_prefix, valid_prefix, tests
+    raw = root / "data" / f"{dataset.name}.raw"
+    spec = dict(dataset.download)
+    kind = spec.get("dataset", "multi30k")
+    pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
+    if kind in available_wmt():
+        found = download_wmt(kind, pair, raw, spec.get("from"), log=log)
+        train_prefix = train_prefix or found["train"]
+        valid_prefix = valid_prefix or found["valid"]
+        tests = tests or found["tests"]
+    elif kind == "multi30k":
+        download_multi30k(pair, raw, spec.get("from"), log=log)
+        train_prefix = train_prefix or str(raw / "train")
+        valid_prefix = valid_prefix or str(raw / "val")
+    else:
+        raise ConfigError(f"dataset {dataset.name}: cannot download '{kind}' (available: "
+                          f"multi30k, {', '.join(available_wmt())})")
+    tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
+             not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
+    return train_prefix, valid_prefix, tests
+
+
+def unprepared_tests(dataset: Dataset, root: Path) -> list[str] | None:
+    """The dataset's test sets its prepared data lacks (None: not prepared at all)."""
+    meta = root / "data" / dataset.name / "meta.json"
+    if not meta.is_file():
+        return None
+    splits = load_meta(meta.parent)["splits"]
+    return [test for test in dataset.tests if test not in splits]
+
+
+def add_missing_tests(dataset: Dataset, root: Path, log,
+                      experiment: Experiment | None = None) -> None:
+    """Encode the test sets added to ``dataset`` after it was prepared into its prepared
+    data, with its SentencePiece models (``corpus.add_test_splits``); a distilled dataset
+    copies them from its teacher's dataset (the same sources and references, encoded with
+    the same models), which gets them first."""
+    missing = unprepared_tests(dataset, root)
+    if not missing:
+        return
+    prepared = root / "data" / dataset.name
+    if dataset.distill is None:
+        prefixes = _corpus_prefixes(dataset, root, log)[2]
+        add_test_splits(prepared, {test: prefixes[test] for test in missing}, log)
+        return
+    if experiment is None:
+        raise ConfigError(f"dataset {dataset.name} is distilled: prepared by its grid")
+    source = next(d for d in experiment.datasets if d.name == dataset.references_from)
+    source_dir = prepare_once(source, root, log, experiment)
+    meta = load_meta(prepared)
+    for test in missing:
+        for path in source_dir.glob(f"{test}.*"):
+            shutil.copyfile(path, prepared / path.name)
+        meta["splits"][test] = load_meta(source_dir)["splits"][test]
+        log(f"{prepared}: added the test set {test} (from {source_dir})")
+    written = prepared / "meta.json.tmp"
+    written.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    written.replace(prepared / "meta.json")
 
 
 def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:
@@ -108,7 +158,7 @@ def prepare_once(dataset: Dataset, root: Path, log, experiment: Experiment | Non
     """prepare_dataset under a lock, so that concurrent workers prepare a dataset once."""
     lock = root / "data" / f"{dataset.name}.lock"
     while not claim(lock):
-        if (root / "data" / dataset.name / "meta.json").is_file():
+        if unprepared_tests(dataset, root) == []:
             return root / "data" / dataset.name
         time.sleep(2.0)
     try:
@@ -150,14 +200,14 @@ def run_cell(cell: Cell, data_dir: Path, log) -> dict:
 
 
 def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
-                 name: str | None = None) -> dict:
-    """Decode and score every test set of the cell's dataset with ``translator``: test ->
-    metrics, the hypothesis file (``TEST.hyp``, ``TEST.NAME.hyp`` for an ``also_decode``
-    setting) and the decoding speed."""
+                 name: str | None = None, only: list[str] | None = None) -> dict:
+    """Decode and score every test set of the cell's dataset (``only``: those) with
+    ``translator``: test -> metrics, the hypothesis file (``TEST.hyp``, ``TEST.NAME.hyp``
+    for an ``also_decode`` setting) and the decoding speed."""
     meta = load_meta(data_dir)
     metrics = TASK_METRICS[cell.dataset.task]
     tests = {}
-    for test in cell.dataset.tests:
+    for test in cell.dataset.tests if only is None else only:
         sources = raw_text(data_dir, test, "src")
         refs = raw_text(data_dir, test, "tgt")
         start = time.perf_counter()
@@ -174,35 +224,61 @@ def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
     return tests
 
 
+def missing_tests(cell: Cell, result: dict, setting: str | None = None) -> list[str]:
+    """The test sets of the cell's dataset its result has not scored (``setting``: with
+    that ``also_decode`` setting): a test set added to the grid after the cell finished."""
+    if setting is None:
+        done = result.get("tests", {})
+    else:
+        done = result.get("also_decode", {}).get(setting, {}).get("tests", {})
+    return [test for test in cell.dataset.tests if test not in done]
+
+
 def missing_also_decode(cell: Cell, result: dict) -> list[str]:
-    """The grid's ``also_decode`` settings a cell's result lacks."""
-    done = result.get("also_decode", {})
-    return [name for name in cell.experiment.also_decode if name not in done]
+    """The grid's ``also_decode`` settings a cell's result lacks, or lacks a test set of."""
+    return [name for name in cell.experiment.also_decode
+            if missing_tests(cell, result, name)]
+
+
+def decode_missing_tests(cell: Cell, data_dir: Path, result: dict, log) -> list[str]:
+    """Decode and score, with the grid's decode, the test sets the finished cell's
+    ``result`` lacks (added to the grid after it finished), into ``result["tests"]``;
+    returns them."""
+    missing = missing_tests(cell, result)
+    if missing:
+        log(f"{cell.label}: decoding the test sets {missing}")
+        translator = Translator.load(cell.run_dir, **cell.experiment.decode)
+        result.setdefault("tests", {}).update(
+            decode_tests(cell, data_dir, translator, only=missing))
+    return missing
 
 
 def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> list[str]:
     """Decode and score the cell's checkpoint with each ``also_decode`` setting its
-    ``result`` lacks, adding ``result["also_decode"][NAME] = {"settings", "tests"}``; a
-    setting with ``shortlist`` first builds the run's lexical shortlist from the cell's
-    training split when none is beside the checkpoint (``ranmt shortlist``'s defaults).
-    A setting that cannot decode here (bf16 on a CPU without it, say) is logged and left
-    out, so that it never costs the cell its result; the next run tries it again. Returns
-    the settings added."""
+    ``result`` lacks (on the test sets it lacks), into ``result["also_decode"][NAME] =
+    {"settings", "tests"}``; a setting with ``shortlist`` first builds the run's lexical
+    shortlist from the cell's training split when none is beside the checkpoint (``ranmt
+    shortlist``'s defaults). A setting that cannot decode here (bf16 on a CPU without it,
+    say) is logged and left out, so that it never costs the cell its result; the next run
+    tries it again. Returns the settings added to."""
     added = []
     for name in missing_also_decode(cell, result):
         settings = cell.experiment.also_decode[name]
         options = {**cell.experiment.decode, **settings}
         load = {key: options.pop(key) for key in LOAD_OPTIONS if key in options}
-        log(f"{cell.label}: decoding the test sets as '{name}' ({settings})")
+        missing = missing_tests(cell, result, name)
+        log(f"{cell.label}: decoding the test sets {missing} as '{name}' ({settings})")
         try:
             if options.get("shortlist"):
                 ensure_shortlist(cell.run_dir, data_dir, log)
             translator = Translator.load(cell.run_dir, **load, **options)
-            tests = decode_tests(cell, data_dir, translator, name)
+            tests = decode_tests(cell, data_dir, translator, name, only=missing)
         except (ValueError, RuntimeError, OSError) as err:
             log(f"{cell.label}: cannot decode as '{name}' here, left out: {err}")
             continue
-        result.setdefault("also_decode", {})[name] = {"settings": settings, "tests": tests}
+        entry = result.setdefault("also_decode", {}).setdefault(
+            name, {"settings": settings, "tests": {}})
+        entry["tests"].update(tests)
         added.append(name)
     return added
 

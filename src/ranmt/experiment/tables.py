@@ -49,6 +49,12 @@ def _read_hyps(experiment: Experiment, cell: dict, test: str, recorded: str | No
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
+def _scored_on(by_variant: dict[str, list[dict]], test: str) -> dict[str, list[dict]]:
+    """The cells that have scored ``test``, per variant (a test set added to the grid after
+    a cell finished is scored once its checkpoint is decoded: ``cells.missing_tests``)."""
+    return {name: [c for c in cells if test in c["tests"]] for name, cells in by_variant.items()}
+
+
 def _metrics_in_order(task: str) -> list[str]:
     """The metrics in the RAN paper's row order (BLEU, SacreBLEU, chrF, TER), then the rest."""
     return sorted(TASK_METRICS[task],
@@ -167,7 +173,10 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
         settings = [s for s in experiment.also_decode
                     if any(s in c.get("also_decode", {}) for c in cells)]
         for setting in settings:
-            runs = [c for c in cells if setting in c.get("also_decode", {})]
+            runs = [c for c in cells
+                    if test in c.get("also_decode", {}).get(setting, {}).get("tests", {})]
+            if not runs:
+                continue
             refs = refs if refs is not None else raw_text(
                 Path(experiment.out) / "data" / dataset.references_from, test, "tgt")
             pvalues = _also_decode_p_values(experiment, test, refs, runs, setting, sig_metrics)
@@ -237,7 +246,8 @@ def _per_seed_table(experiment: Experiment, dataset: Dataset,
         if not any(seed in cells for cells in by_seed.values()):
             continue
         row = ["-" if seed not in by_seed[name] else
-               " / ".join(f"{by_seed[name][seed]['tests'][test][metric]:.2f}" for test in tests)
+               " / ".join(f"{by_seed[name][seed]['tests'][test][metric]:.2f}"
+                          if test in by_seed[name][seed]["tests"] else "-" for test in tests)
                for name in present]
         lines.append(f"| {seed} | " + " | ".join(row) + " |")
     return lines + [""]
@@ -255,15 +265,16 @@ def _training_table(experiment: Experiment, dataset: Dataset,
     for name, runs in by_variant.items():
         if not runs:
             continue
+        timed = _scored_on({name: runs}, first_test)[name] if first_test else []
         steps_text, best_text = _steps_text(runs)
         best_bleu = [c["train"]["best_valid_bleu"] for c in runs
                      if c["train"].get("best_valid_bleu") is not None]
         train_min = _mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
         train_tok = _mean_std([c["train"]["train_tokens_per_s"] for c in runs])
-        sent = _mean_std([c["tests"][first_test]["sentences_per_s"] for c in runs]) \
-            if first_test else (0.0, None)
-        tok = _mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in runs]) \
-            if first_test else (0.0, None)
+        sent = _mean_std([c["tests"][first_test]["sentences_per_s"] for c in timed]) \
+            if timed else (0.0, None)
+        tok = _mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in timed]) \
+            if timed else (0.0, None)
         bleu_text = _format(*_mean_std(best_bleu)) if best_bleu else "-"
         lines.append(f"| {name} | {len(runs)} | {steps_text} | {best_text} | {bleu_text} | "
                      f"{runs[0]['parameters']:,} | {_format(*train_min)} | "
@@ -367,6 +378,9 @@ def _comparison_table(experiment: Experiment, comparison: Comparison, test: str,
     metrics = _metrics_in_order(next(iter(tasks)) if len(tasks) == 1 else "translation")
     lines, numbers = [], {}
     for (dataset, variant), row_pairs in pairs.items():
+        row_pairs = [(a, b) for a, b in row_pairs if test in a["tests"] and test in b["tests"]]
+        if not row_pairs:
+            continue
         other_dataset, other_variant, other_seed = comparison.against_cell(
             dataset, variant, row_pairs[0][0]["seed"])
         refs = _shared_references(experiment, dataset, other_dataset, test)
@@ -435,11 +449,12 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
                              and c["variant"] == name] for name in names}
         dataset_result: dict = {"tests": {}, "variants": {}}
         for test in dataset.tests:
-            test_lines, dataset_result["tests"][test] = _test_table(experiment, dataset, test,
-                                                                    by_variant)
+            test_lines, dataset_result["tests"][test] = _test_table(
+                experiment, dataset, test, _scored_on(by_variant, test))
             lines += test_lines
         for test in dataset.tests:
-            also_lines, also = _also_decode_table(experiment, dataset, test, by_variant)
+            also_lines, also = _also_decode_table(experiment, dataset, test,
+                                                  _scored_on(by_variant, test))
             if also:
                 dataset_result.setdefault("also_decode", {})[test] = also
             lines += also_lines

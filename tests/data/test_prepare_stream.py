@@ -229,3 +229,41 @@ def test_cli_takes_several_corpora_an_existing_model_and_the_filters(tmp_path):
     with pytest.raises(SystemExit):
         main([*common, "--train", corpus["train"], "--spm-src", "x", "--out",
               str(tmp_path / "third")])
+
+
+def test_add_tests_encodes_new_test_sets_as_prepare_would_and_leaves_the_rest(tmp_path,
+                                                                              capsys):
+    """``ranmt prepare --add-tests``: a test set added to a prepared directory has the
+    files it would have had if prepared with the rest (byte for byte), meta.json lists it,
+    every other file stays; a name already there, a clash with train/valid, options that
+    belong to a full prepare, or a full prepare without its corpora are errors."""
+    from ranmt.cli import main
+
+    corpus = _corpus(tmp_path)
+    write_parallel(tmp_path / "later", *reverse_task(40, 5))
+    whole = prepare("src", "tgt", corpus["train"], corpus["valid"], tmp_path / "whole",
+                    {**corpus["tests"], "later": str(tmp_path / "later")}, vocab_size=40,
+                    max_positions=64, log=_quiet)
+    prepare("src", "tgt", corpus["train"], corpus["valid"], tmp_path / "first",
+            corpus["tests"], vocab_size=40, max_positions=64, log=_quiet)
+    before = _files(tmp_path / "first")
+    main(["prepare", "--add-tests", "--test", f"later={tmp_path / 'later'}", "--out",
+          str(tmp_path / "first")])
+    after, reference = _files(tmp_path / "first"), _files(tmp_path / "whole")
+    assert sorted(set(after) - set(before)) == sorted(
+        name for name in reference if name.startswith("later."))
+    for name in after:
+        if name != "meta.json":
+            assert after[name] == reference[name], name
+    assert json.loads(after["meta.json"])["splits"] == whole["splits"]
+    for argv, message in (
+            (["--test", f"later={tmp_path / 'later'}"], "already has a split 'later'"),
+            (["--test", f"valid={tmp_path / 'later'}"], "clashes with train/valid"),
+            (["--test", f"x={tmp_path / 'later'}", "--src", "src"], "drop --src"),
+            ([], "give one")):
+        with pytest.raises(SystemExit):
+            main(["prepare", "--add-tests", *argv, "--out", str(tmp_path / "first")])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["prepare", "--src", "src", "--tgt", "tgt", "--out", str(tmp_path / "x")])
+    assert "required: --train, --valid" in capsys.readouterr().err

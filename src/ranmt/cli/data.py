@@ -35,14 +35,18 @@ def _cmd_download(args) -> None:
 
 def _args_prepare(p: argparse.ArgumentParser) -> None:
     """The options of ``ranmt prepare``."""
-    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
-    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
-    p.add_argument("--train", required=True, nargs="+", action="extend", metavar="PREFIX",
+    p.add_argument("--src", help="source language suffix, e.g. en")
+    p.add_argument("--tgt", help="target language suffix, e.g. de")
+    p.add_argument("--train", nargs="+", action="extend", metavar="PREFIX",
                    help="training prefix(es): PREFIX.SRC / PREFIX.TGT, plain or .gz/.xz/.bz2; "
                         "several (or --train repeated) are concatenated, with per-corpus "
                         "counts in meta.json")
-    p.add_argument("--valid", required=True, help="validation prefix")
+    p.add_argument("--valid", help="validation prefix")
     p.add_argument("--test", action="append", metavar="NAME=PREFIX", help="test split(s)")
+    p.add_argument("--add-tests", action="store_true",
+                   help="encode only the --test splits into the existing prepared-data "
+                        "directory --out, with its SentencePiece models and languages (a "
+                        "new test set for models trained on it); the other splits stay")
     p.add_argument("--vocab-size", type=int, default=8000, help="subword vocabulary size")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--joint", action="store_true", help="one shared vocabulary (default)")
@@ -72,7 +76,7 @@ def _args_prepare(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_prepare(args) -> None:
-    from ranmt.data.corpus import prepare
+    from ranmt.data.corpus import add_test_splits, prepare
 
     tests = {}
     for item in args.test or []:
@@ -80,6 +84,23 @@ def _cmd_prepare(args) -> None:
             raise ValueError(f"--test expects NAME=PREFIX, got '{item}'")
         name, prefix = item.split("=", 1)
         tests[name] = prefix
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {args.workers}")
+    given = [flag for flag in ("src", "tgt", "train", "valid", "spm_model", "spm_src",
+                               "spm_tgt", "max_ratio") if getattr(args, flag)]
+    if args.add_tests:
+        if not tests:
+            raise ValueError("--add-tests encodes the --test NAME=PREFIX splits: give one")
+        if given:
+            raise ValueError("--add-tests takes the languages and SentencePiece models of "
+                             f"--out; drop {', '.join('--' + f.replace('_', '-') for f in given)}")
+        add_test_splits(args.out, tests, log=info, workers=args.workers or 1)
+        return
+    missing = [f"--{flag}" for flag in ("src", "tgt", "train", "valid")
+               if not getattr(args, flag)]
+    if missing:
+        raise ValueError(f"the following arguments are required: {', '.join(missing)} "
+                         "(or --add-tests to add test sets to a prepared directory)")
     if args.vocab_size < 8:
         raise ValueError("--vocab-size must be at least 8")
     if args.max_positions < 2:
@@ -90,8 +111,6 @@ def _cmd_prepare(args) -> None:
         raise ValueError("--spm-src and --spm-tgt go together")
     spm_models = ((args.spm_model, args.spm_model) if args.spm_model else
                   (args.spm_src, args.spm_tgt) if args.spm_src else None)
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, not {args.workers}")
     prepare(args.src, args.tgt, args.train, args.valid, args.out, tests, args.vocab_size,
             not args.separate, args.model_type, args.max_positions, args.errors, log=info,
             progress=show_progress(args), spm_sample=args.spm_sample,

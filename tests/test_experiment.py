@@ -959,3 +959,54 @@ def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved
         assert step_checkpoints(runs / variant / "seed1" / "run")
     for log in logs:
         assert "SIGINT received" in log.read_text()
+
+
+def test_status_reads_every_cells_state_from_disk(tmp_path, capsys):
+    """``--status``: done (its scores), training (a live lock holder), stopped (a step
+    checkpoint, or a stale lock), not started; the best validation and the validations
+    since, against the patience, parsed from train.log."""
+    import socket
+
+    from ranmt.experiment.spec import load_experiment
+    from ranmt.experiment.status import grid_status
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["seeds"] = [1, 2]
+    config["overrides"]["train.patience"] = 3
+    path.write_text(yaml.safe_dump(config))
+    grid = load_experiment(path)
+    done, training, stopped, stale = grid.cells()[:4]
+    done.dir.mkdir(parents=True)
+    done.file.write_text(json.dumps({
+        "tests": {"test": {"bleu": 12.345}},
+        "train": {"steps": 40, "best_step": 20, "best_valid_bleu": 9.5}}))
+    log = ("step 10 epoch 1 | loss 3.0 ppl 20.1 | lr 1e-3 | 1,234 tgt tok/s | fill 90%\n"
+           "validate step 10: valid_loss 3.0, valid_bleu 5.0000 | best 5.0000 at step 10\n"
+           "step 20 epoch 1 | loss 2.0 ppl 7.4 | lr 1e-3 | 1,300 tgt tok/s | fill 90%\n"
+           "validate step 20: valid_loss 2.0, valid_bleu 7.5000 | best 7.5000 at step 10\n"
+           "validate step 20: valid_loss 2.0, valid_bleu 7.5000 | best 7.5000 at step 10\n"
+           "step 30 epoch 2 | loss 1.9 ppl 6.7 | lr 1e-3 | 1,310 tgt tok/s | fill 90%\n")
+    for cell in (training, stopped, stale):
+        cell.run_dir.mkdir(parents=True)
+        (cell.run_dir / "train.log").write_text(log)
+    (stopped.run_dir / "checkpoints/step_00000020").mkdir(parents=True)
+    (stopped.run_dir / "checkpoints/step_00000020/checkpoint.json").write_text("{}")
+    training.lock.parent.mkdir(parents=True, exist_ok=True)
+    training.lock.write_text(f"{socket.gethostname()} {os.getpid()}")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale.lock.parent.mkdir(parents=True, exist_ok=True)
+    stale.lock.write_text(f"{socket.gethostname()} {dead.pid}")
+    entries = grid_status(path)
+    assert [e["state"] for e in entries] == ["done", "training", "stopped", "stopped"]
+    assert entries[0]["tests"] == {"test": 12.345} and entries[0]["best_valid"] == 9.5
+    assert entries[1]["step"] == 30 and entries[1]["tokens_per_s"] == 1310
+    # the validation at step 20 logged twice (a resume) counts once
+    assert (entries[1]["best_valid"], entries[1]["best_step"],
+            entries[1]["validations_since_best"], entries[1]["patience"]) == (7.5, 10, 1, 3)
+    assert entries[2]["checkpoint_step"] == 20 and entries[3]["holder"] is None
+    out = capsys.readouterr().out
+    assert "4 cells: 1 done, 1 training, 2 stopped, 0 not started" in out
+    assert "SacreBLEU 12.35" in out and "1/3 validations without gain" in out
+    assert "resumes from step 20" in out

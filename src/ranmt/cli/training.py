@@ -53,6 +53,10 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (cells, resolved configs, parameter counts, tokens "
                         "per step) and check every cell; train nothing")
+    p.add_argument("--status", action="store_true",
+                   help="print where every cell stands (done with its scores, training, "
+                        "stopped part-way with its best validation and patience, not "
+                        "started), read from disk: safe beside running workers")
     p.add_argument("--work", metavar="DIR",
                    help="keep the cells' run folders (checkpoints, trainer state) under "
                         "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
@@ -82,6 +86,11 @@ def _cmd_experiment(args) -> None:
 
     if args.dry_run:
         plan_experiment(args.config, out=args.out, log=print)
+        return
+    if args.status:
+        from ranmt.experiment.status import grid_status
+
+        grid_status(args.config, out=args.out, work=args.work, log=print)
         return
     if args.launcher:
         _launch(args)

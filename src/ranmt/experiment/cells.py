@@ -309,7 +309,7 @@ def machine_description(device) -> dict:
     return machine
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -333,7 +333,7 @@ def claim(lock: Path) -> bool:
         except FileExistsError:
             try:
                 host, pid = lock.read_text(encoding="utf-8").split()
-                holder_alive = host != socket.gethostname() or _pid_alive(int(pid))
+                holder_alive = host != socket.gethostname() or pid_alive(int(pid))
             except (OSError, ValueError):
                 holder_alive = False
             if holder_alive:

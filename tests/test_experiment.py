@@ -1010,3 +1010,22 @@ def test_status_reads_every_cells_state_from_disk(tmp_path, capsys):
     assert "4 cells: 1 done, 1 training, 2 stopped, 0 not started" in out
     assert "SacreBLEU 12.35" in out and "1/3 validations without gain" in out
     assert "resumes from step 20" in out
+
+
+def test_a_worker_resumes_stopped_cells_before_starting_new_ones(tmp_path):
+    """``stopped_first``: unfinished cells with a step checkpoint come first, then the rest,
+    each in grid order (finished cells, skipped anyway, stay behind)."""
+    from ranmt.experiment import stopped_first
+    from ranmt.experiment.spec import load_experiment
+
+    path = _grid(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    config["seeds"] = [1, 2]
+    path.write_text(yaml.safe_dump(config))
+    cells = load_experiment(path).cells()  # TransF 1, RAN-ALL 1, TransF 2, RAN-ALL 2
+    for cell in (cells[3], cells[2], cells[0]):
+        (cell.run_dir / "checkpoints/step_00000010").mkdir(parents=True)
+        (cell.run_dir / "checkpoints/step_00000010/checkpoint.json").write_text("{}")
+    cells[0].dir.mkdir(parents=True, exist_ok=True)
+    cells[0].file.write_text("{}")  # finished: its checkpoint does not make it "stopped"
+    assert stopped_first(cells) == [cells[2], cells[3], cells[0], cells[1]]

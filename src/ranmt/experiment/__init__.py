@@ -53,8 +53,9 @@ from ranmt.experiment.tables import build_tables, compare_over_seeds, significan
 __all__ = ["Cell", "CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV",
            "adopt_cell", "build_tables", "compare_over_seeds", "expected_cell_config",
            "find_reusable_cell", "find_warm_start", "load_experiment", "plan_experiment",
-           "prepare_dataset", "run_cell", "run_experiment", "significance_marks", "warm_start",
-           "warm_start_state", "write_comparison", "write_results"]
+           "prepare_dataset", "run_cell", "run_experiment", "significance_marks",
+           "stopped_first", "warm_start", "warm_start_state", "write_comparison",
+           "write_results"]
 
 
 def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
@@ -87,7 +88,8 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
             raise ConfigError(f"--reuse {folder}: not a grid's output folder (no runs/ in it)")
     experiment.out.mkdir(parents=True, exist_ok=True)
     grid = experiment.cells()
-    selected = [] if tables_only else experiment.select(variants, seeds, datasets)
+    selected = [] if tables_only else stopped_first(experiment.select(variants, seeds,
+                                                                      datasets))
     durations, elsewhere = [], []
     for index, cell in enumerate(selected, 1):
         data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
@@ -120,6 +122,14 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
     return write_results(experiment, grid, log, extra_baselines)
+
+
+def stopped_first(cells: list[Cell]) -> list[Cell]:
+    """``cells`` with those stopped part-way (unfinished, with a step checkpoint) first, each
+    group in grid order: a worker finishes what was started before it starts anything new,
+    so that a grid stopped and restarted does not leave half-trained cells waiting behind
+    fresh ones (and their checkpoints on disk)."""
+    return sorted(cells, key=lambda cell: cell.finished or not step_checkpoints(cell.run_dir))
 
 
 def _complete_decodes(cell: Cell, data_dir: Path, label: str, log) -> bool:

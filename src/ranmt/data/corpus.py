@@ -286,10 +286,15 @@ def add_test_splits(data_dir: str | Path, tests: dict[str, str], log=print,
                                                     [prefix], filtered=False)
             log(f"{data_dir}: added the test set {name} ({meta['splits'][name]['pairs']} "
                 "pairs)")
-    written = data_dir / "meta.json.tmp"
-    written.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    written.replace(data_dir / "meta.json")
+    save_meta(data_dir, meta)
     return meta
+
+
+def save_meta(data_dir: str | Path, meta: dict) -> None:
+    """Replace ``data_dir/meta.json`` whole (written beside it, then renamed)."""
+    written = Path(data_dir) / "meta.json.tmp"
+    written.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    written.replace(Path(data_dir) / "meta.json")
 
 
 def available_cores() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ranmt.config import ConfigError, to_dict
-from ranmt.data.corpus import add_test_splits, load_meta, prepare, raw_text
+from ranmt.data.corpus import add_test_splits, load_meta, prepare, raw_text, save_meta
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
@@ -112,9 +112,7 @@ def add_missing_tests(dataset: Dataset, root: Path, log,
             shutil.copyfile(path, prepared / path.name)
         meta["splits"][test] = load_meta(source_dir)["splits"][test]
         log(f"{prepared}: added the test set {test} (from {source_dir})")
-    written = prepared / "meta.json.tmp"
-    written.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    written.replace(prepared / "meta.json")
+    save_meta(prepared, meta)
 
 
 def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:

@@ -416,6 +416,17 @@ def test_a_variant_runs_only_with_its_own_seeds(tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"test sets \['test_2099'\] are not test sets"):
         load_experiment(path)
+    # a WMT download without tests is scored on its official test set; a dataset with no
+    # test set at all is an error
+    config["datasets"][1].pop("tests")
+    config["datasets"].append({"name": "wmt", "src": "en", "tgt": "de",
+                               "download": {"dataset": "wmt14", "pair": "de-en"}})
+    path.write_text(yaml.safe_dump(config))
+    assert load_experiment(path).datasets[2].tests == {"newstest2014": "newstest2014"}
+    config["datasets"][0].pop("tests")
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="dataset reverse lists no test sets"):
+        load_experiment(path)
 
 
 def test_unknown_variant_or_seed_selection_is_an_error(tmp_path):

@@ -290,6 +290,7 @@ def load_experiment(path: str | Path) -> Experiment:
                                   f"not in the grid ({dataset_names})")
             entry["datasets"] = tuple(entry["datasets"])
     _check_teachers(path, datasets, raw["variants"])
+    _check_tests(path, datasets)
     baseline = raw.get("baseline", names[0])
     if baseline not in names:
         raise ConfigError(f"{path}: baseline '{baseline}' is not one of the variants {names}")
@@ -410,6 +411,29 @@ def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -
                 raise ConfigError(f"{path}: dataset {dataset.name}: the teacher variant "
                                   f"'{variant}' does not run with seed {seed}")
         seen.append(dataset.name)
+
+
+def _check_tests(path: Path, datasets: list[Dataset]) -> None:
+    """Every dataset has test sets to score its cells on: those it lists, a WMT download's
+    official test set when it lists none (what ``download_wmt`` prepares), a distilled
+    dataset's teacher dataset's (:func:`_inherit_tests`); none at all is an error (its
+    cells would train and be scored on nothing)."""
+    from ranmt.data.download import DownloadError
+    from ranmt.data.wmt import available, find_task
+
+    for dataset in datasets:
+        kind = (dataset.download or {}).get("dataset")
+        if not dataset.tests and kind in available():
+            try:
+                task, _ = find_task(kind, dataset.download.get(
+                    "pair", f"{dataset.src}-{dataset.tgt}"))
+            except DownloadError as err:
+                raise ConfigError(f"{path}: dataset {dataset.name}: {err}") from None
+            dataset.tests = {task.test[0]: task.test[0]}
+        if not dataset.tests:
+            raise ConfigError(f"{path}: dataset {dataset.name} lists no test sets (tests: "
+                              "[NAME, ...] or {NAME: PREFIX}): its cells would be scored on "
+                              "nothing")
 
 
 def _inherit_tests(path: Path, dataset: Dataset, source: Dataset) -> None:

@@ -1021,6 +1021,8 @@ def test_status_reads_every_cells_state_from_disk(tmp_path, capsys):
     assert "4 cells: 1 done, 1 training, 2 stopped, 0 not started" in out
     assert "SacreBLEU 12.35" in out and "1/3 validations without gain" in out
     assert "resumes from step 20" in out
+    main(["experiment", str(path), "--status", "--json"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(entries))
 
 
 def test_a_worker_resumes_stopped_cells_before_starting_new_ones(tmp_path):

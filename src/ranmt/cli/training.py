@@ -57,6 +57,9 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                    help="print where every cell stands (done with its scores, training, "
                         "stopped part-way with its best validation and patience, not "
                         "started), read from disk: safe beside running workers")
+    p.add_argument("--json", action="store_true",
+                   help="with --status: one JSON document (every cell's entry) instead of "
+                        "the table")
     p.add_argument("--work", metavar="DIR",
                    help="keep the cells' run folders (checkpoints, trainer state) under "
                         "DIR/<out's folder name>/runs/... instead of beside cell.json, so "
@@ -90,8 +93,13 @@ def _cmd_experiment(args) -> None:
     if args.status:
         from ranmt.experiment.status import grid_status
 
-        grid_status(args.config, out=args.out, work=args.work, log=print)
+        entries = grid_status(args.config, out=args.out, work=args.work,
+                              log=(lambda _line: None) if args.json else print)
+        if args.json:
+            print(json.dumps(entries, indent=1))
         return
+    if args.json:
+        raise ValueError("--json goes with --status")
     if args.launcher:
         _launch(args)
         return

@@ -329,6 +329,15 @@ def test_per_seed_table_lists_every_cell_and_marks_the_missing_ones(tmp_path, mo
     assert table.splitlines() == ["| seed | TransF | RAN |", "|---|---|---|",
                                   "| 1 | 31.25 / 21.00 | 33.00 / 24.12 |",
                                   "| 3 | 30.00 / 20.50 | - |"]
+    # a cell that has not scored test set b (added to the grid after it finished, its
+    # checkpoint elsewhere): "-" there, left out of b's table, kept in a's
+    del cells[1]["tests"]["b"]
+    markdown, results = build_tables(experiment, cells)
+    assert "| 1 | 31.25 / - | 33.00 / 24.12 |" in markdown
+    assert results["datasets"]["d"]["tests"]["b"]["scores"]["TransF"]["bleu"]["per_seed"] \
+        == {"3": 20.5}
+    assert results["datasets"]["d"]["tests"]["a"]["scores"]["TransF"]["bleu"]["per_seed"] \
+        == {"3": 30.0, "1": 31.25}
 
 
 def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):

@@ -338,6 +338,9 @@ def test_per_seed_table_lists_every_cell_and_marks_the_missing_ones(tmp_path, mo
         == {"3": 20.5}
     assert results["datasets"]["d"]["tests"]["a"]["scores"]["TransF"]["bleu"]["per_seed"] \
         == {"3": 30.0, "1": 31.25}
+    # no cell at all (a dataset whose cells have not run): no empty test tables
+    markdown, _ = build_tables(experiment, [])
+    assert "## d — a" not in markdown and "## d — training" in markdown
 
 
 def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):

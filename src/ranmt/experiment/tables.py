@@ -91,9 +91,12 @@ def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
 
 def _test_table(experiment: Experiment, dataset: Dataset, test: str,
                 by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
-    """One test set's table (metric rows, variant columns) and its numbers."""
+    """One test set's table (metric rows, variant columns) and its numbers; no table where
+    no cell has scored the test set yet."""
     metrics = _metrics_in_order(dataset.task)
     present = [n for n, cells in by_variant.items() if cells]
+    if not present:
+        return [], {"scores": {}, "significance": {}}
     scores = {name: {metric: {c["seed"]: c["tests"][test][metric] for c in by_variant[name]}
                      for metric in metrics} for name in present}
     refs = raw_text(Path(experiment.out) / "data" / dataset.references_from, test, "tgt")

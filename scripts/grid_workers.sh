@@ -12,7 +12,11 @@
 # ...: the grid's seeds, read from the file), so every variant's first seed finishes before
 # any second one. Ctrl-C (or SIGINT/SIGTERM to this script) stops every worker the way a
 # signal stops `ranmt experiment`: the running cells save their checkpoints; rerun the
-# script to resume. A worker stopped by a signal of its own ends its chain too.
+# script to resume. A worker stopped by a signal of its own ends its chain too. Started in
+# the background by another script (`nohup scripts/grid_workers.sh ... &` inside a script),
+# this script has SIGINT ignored (POSIX: a non-interactive shell's background commands),
+# and an ignored signal cannot be trapped: stop it with SIGTERM there
+# (`pkill -TERM -f grid_workers.sh`), which it forwards to the workers as SIGINT.
 # Variables: WORKERS (default: the cores this process may use), BIN (default: the
 # checkout's .venv/bin), LOG (default grid_workers; worker N writes LOG.N.log). Run it where
 # you would run `ranmt experiment`: paths are read from the current folder.

@@ -106,11 +106,11 @@ def add_missing_tests(dataset: Dataset, root: Path, log,
         raise ConfigError(f"dataset {dataset.name} is distilled: prepared by its grid")
     source = next(d for d in experiment.datasets if d.name == dataset.references_from)
     source_dir = prepare_once(source, root, log, experiment)
-    meta = load_meta(prepared)
+    meta, source_splits = load_meta(prepared), load_meta(source_dir)["splits"]
     for test in missing:
         for path in source_dir.glob(f"{test}.*"):
             shutil.copyfile(path, prepared / path.name)
-        meta["splits"][test] = load_meta(source_dir)["splits"][test]
+        meta["splits"][test] = source_splits[test]
         log(f"{prepared}: added the test set {test} (from {source_dir})")
     save_meta(prepared, meta)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,7 @@ def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tm
         (exp / "runs/reverse-distilled/Student/seed1/test.hyp").read_text().splitlines())
     assert original["name"] == "reverse"
     assert "reverse-distilled" in (exp / "results.md").read_text()
+    _rebuilt_from_kept_translations(path, exp, distilled)
     # a test set added to the teacher's dataset later reaches the distilled one (copied:
     # the same sources, references and SentencePiece models) and both datasets' cells
     src2, tgt2 = reverse_task(20, 9)
@@ -158,3 +160,39 @@ def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tm
     for cell in ("reverse/Teacher", "reverse-distilled/Student"):
         scored = json.loads((exp / "runs" / cell / "seed1/cell.json").read_text())["tests"]
         assert sorted(scored) == ["test", "test2"]
+
+
+def _rebuilt_from_kept_translations(path: Path, exp: Path, distilled: Path) -> None:
+    """The grid keeps the teacher's translations beside the cells (OUT/distilled/NAME, for
+    git): a checkout without the teacher's run folder (a new machine) rebuilds the same
+    distilled dataset from them; with neither, the error says what to do."""
+    from ranmt.config import ConfigError
+    from ranmt.experiment.cells import prepare_once
+    from ranmt.experiment.spec import load_placed
+
+    kept = exp / "distilled" / "reverse-distilled"
+    assert sorted(p.name for p in kept.iterdir()) == ["settings.json", "translations.gz"]
+    encoded = {p.name: p.read_bytes() for p in distilled.iterdir() if p.suffix == ".npy"}
+    assert "train.tgt.tokens.npy" in encoded
+    teacher_run = exp / "runs/reverse/Teacher/seed1/run"
+    teacher_run.rename(exp / "teacher_run_aside")
+    for folder in (distilled, exp / "data" / "reverse-distilled.distill"):
+        shutil.rmtree(folder)
+    experiment = load_placed(path)
+    dataset = next(d for d in experiment.datasets if d.name == "reverse-distilled")
+    messages: list[str] = []
+    prepare_once(dataset, exp, messages.append, experiment)
+    assert any("translations kept in" in message for message in messages)
+    assert {p.name: p.read_bytes() for p in distilled.iterdir() if p.suffix == ".npy"} == encoded
+    shutil.rmtree(distilled)
+    settings = (kept / "settings.json").read_text()
+    (kept / "settings.json").write_text(settings.replace('"beam": 1', '"beam": 5'))
+    with pytest.raises(ConfigError, match="decoded with other settings"):
+        prepare_once(dataset, exp, messages.append, experiment)
+    (kept / "settings.json").write_text(settings)
+    shutil.move(kept, exp / "kept_aside")
+    with pytest.raises(ConfigError, match="run folder .* is not here"):
+        prepare_once(dataset, exp, messages.append, experiment)
+    (exp / "teacher_run_aside").rename(teacher_run)
+    shutil.move(exp / "kept_aside", kept)
+    prepare_once(dataset, exp, messages.append, experiment)

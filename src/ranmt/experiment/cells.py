@@ -118,8 +118,16 @@ def add_missing_tests(dataset: Dataset, root: Path, log,
 def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:
     """A distilled dataset: the finished teacher cell translates its dataset's training
     split (``ranmt distill``, resumable: ``data/NAME.distill``), and the result is encoded
-    with the teacher's SentencePiece models into ``data/NAME``."""
-    from ranmt.inference.distill import DistillFilter, distill
+    with the teacher's SentencePiece models into ``data/NAME``. The translations are kept
+    in ``OUT/distilled/NAME`` (small, in git beside the cells): a checkout without the
+    teacher's run folder rebuilds the same dataset from them."""
+    from ranmt.inference.distill import (
+        DistillFilter,
+        distill,
+        finish_distill,
+        keep_translations,
+        restore_translations,
+    )
 
     source_name, variant, seed = dataset.teacher_cell()
     source = next(d for d in experiment.datasets if d.name == source_name)
@@ -131,14 +139,29 @@ def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:
                           "which has not finished: run it first (it comes earlier in the "
                           "grid; with --datasets/--variants/--seeds, include it)")
     options = dict(dataset.distill)
-    translator = Translator.load(teacher.run_dir,
-                                 **{**experiment.decode, **options.get("decode", {})})
+    decode = {**experiment.decode, **options.get("decode", {})}
     keep = DistillFilter(**{key: options[key] for key in ("max_ratio", "max_repeats")
                             if key in options})
     work = experiment.out / "data" / f"{dataset.name}.distill"
-    log(f"distilling {source_name} with the teacher {teacher.label} -> {work}")
-    report = distill(translator, teacher_data, work, "train",
-                     int(options.get("chunk_lines", 2000)), keep, log=log)
+    kept = kept_translations_dir(experiment, dataset)
+    if (kept / "translations.gz").is_file():
+        _check_kept_decode(kept, decode)
+        log(f"{dataset.name}: the teacher {teacher.label}'s translations kept in {kept}")
+        restore_translations(kept, work)
+        report = finish_distill(teacher_data, work, "train", keep, log=log)
+    else:
+        if not teacher.run_dir.is_dir():
+            raise ConfigError(
+                f"dataset {dataset.name} is distilled by {teacher.label}, whose run folder "
+                f"{teacher.run_dir} (its checkpoint) is not here and whose translations "
+                f"were not kept ({kept}): restore the run folder, or move the cell's "
+                f"cell.json aside to train the teacher again")
+        translator = Translator.load(teacher.run_dir, **decode)
+        log(f"distilling {source_name} with the teacher {teacher.label} -> {work}")
+        report = distill(translator, teacher_data, work, "train",
+                         int(options.get("chunk_lines", 2000)), keep, log=log)
+        keep_translations(work, kept)
+        log(f"{dataset.name}: the teacher's translations kept in {kept} (commit them)")
     meta = load_meta(teacher_data)
     tests = {name: str(work / name) for name in report["splits"]
              if name not in ("train", "valid")}
@@ -149,6 +172,25 @@ def prepare_distilled(dataset: Dataset, experiment: Experiment, log) -> Path:
             log=log, spm_models=(teacher_data / "spm.src.model",
                                  teacher_data / "spm.tgt.model"))
     return prepared
+
+
+def kept_translations_dir(experiment: Experiment, dataset: Dataset) -> Path:
+    """Where a distilled dataset's translations are kept (``OUT/distilled/NAME``)."""
+    return experiment.out / "distilled" / dataset.name
+
+
+def _check_kept_decode(kept: Path, decode: dict) -> None:
+    """Kept translations made with other decoding settings than the grid asks for are
+    refused (they would pass for the grid's)."""
+    settings = json.loads((kept / "settings.json").read_text(encoding="utf-8"))
+    # a decoding field, else a loading option (quantize, ...); the device may differ
+    made_with = {**settings["teacher"], **settings["decode"]}
+    differ = sorted(key for key, value in decode.items()
+                    if key != "device" and made_with.get(key) != value)
+    if differ:
+        raise ConfigError(f"{kept} holds translations decoded with other settings "
+                          f"({', '.join(f'{key}={made_with.get(key)!r}' for key in differ)}) "
+                          "than the grid's: remove it to distill again")
 
 
 def prepare_once(dataset: Dataset, root: Path, log, experiment: Experiment | None = None

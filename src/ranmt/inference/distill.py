@@ -18,11 +18,17 @@ or an ensemble, with the teacher's decoding settings unless overridden) in chunk
   prepared data's other splits (``valid``, tests) with their original references, and
   ``distill.json``: counts (kept, dropped per reason), throughput and the ``ranmt prepare``
   command that encodes the corpus with the teacher's SentencePiece models.
+
+A run folder (checkpoints, parts) need not outlive its machine: :func:`keep_translations`
+stores a finished distillation's translations (one gzip file, in source order, unfiltered)
+and settings somewhere small enough for git, and :func:`restore_translations` puts them
+back as parts, so that :func:`finish_distill` rebuilds the same corpus without the teacher.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -101,7 +107,7 @@ def distill(translator, data_dir: str | Path, out_dir: str | Path, split: str = 
     keep = keep or DistillFilter()
     if chunk_lines < 1:
         raise ValueError(f"chunk_lines must be at least 1, not {chunk_lines}")
-    meta = load_meta(data_dir)
+    load_meta(data_dir)  # a prepared-data folder, or its error
     source_file = data_dir / f"{split}.src.txt"
     if not source_file.is_file():
         raise FileNotFoundError(f"{source_file} not found: distill reads the source text of a "
@@ -137,14 +143,73 @@ def distill(translator, data_dir: str | Path, out_dir: str | Path, split: str = 
                         refresh=False)
     bar.close()
     seconds = time.perf_counter() - started
-    report = _assemble(data_dir, out_dir, meta, split, sources, chunks, keep)
-    report["this_run"] = {"chunks": len(missing), "seconds": round(seconds, 2),
-                          "target_words_per_second": round(words / max(seconds, 1e-9), 1)}
+    return finish_distill(data_dir, out_dir, split, keep, log, this_run={
+        "chunks": len(missing), "seconds": round(seconds, 2),
+        "target_words_per_second": round(words / max(seconds, 1e-9), 1)})
+
+
+def finish_distill(data_dir: str | Path, out_dir: str | Path, split: str = "train",
+                   keep: DistillFilter | None = None,
+                   log: Callable[[str], None] = lambda _msg: None,
+                   this_run: dict | None = None) -> dict:
+    """The distilled corpus, the other splits and ``distill.json`` from a complete set of
+    parts in ``out_dir`` (no teacher needed); returns the report. The parts must be of this
+    split of ``data_dir`` (``settings.json``: its line count and digest)."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    settings = json.loads((out_dir / "settings.json").read_text(encoding="utf-8"))
+    sources = raw_text(data_dir, split, "src")
+    if (settings["split"], settings["lines"], settings["digest"]) != (
+            split, len(sources), _digest(sources)):
+        raise ValueError(f"{out_dir} holds the translations of another corpus than the "
+                         f"split {split} of {data_dir} (settings.json: its split, line count "
+                         "and digest differ)")
+    chunks = (len(sources) + settings["chunk_lines"] - 1) // settings["chunk_lines"]
+    report = _assemble(data_dir, out_dir, load_meta(data_dir), split, sources, chunks,
+                       keep or DistillFilter())
+    report["this_run"] = this_run or {"chunks": 0, "seconds": 0.0}
     (out_dir / "distill.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     log(f"distilled {report['lines']} lines: kept {report['kept']}, dropped "
         + ", ".join(f"{count} {reason}" for reason, count in report["dropped"].items())
         + f"; encode with: {report['prepare_command']}")
     return report
+
+
+def keep_translations(out_dir: str | Path, kept_dir: str | Path) -> None:
+    """Store the translations of a finished distillation in ``out_dir`` (every part, in
+    source order, unfiltered) as ``kept_dir/translations.gz`` (byte-identical for the same
+    lines) beside a copy of its ``settings.json``."""
+    out_dir, kept_dir = Path(out_dir), Path(kept_dir)
+    settings = json.loads((out_dir / "settings.json").read_text(encoding="utf-8"))
+    chunks = (settings["lines"] + settings["chunk_lines"] - 1) // settings["chunk_lines"]
+    text = "".join((out_dir / "parts" / f"{number:05d}.tgt").read_text(encoding="utf-8")
+                   for number in range(chunks))
+    if text.count("\n") != settings["lines"]:
+        raise RuntimeError(f"{out_dir}: the parts hold {text.count(chr(10))} lines for "
+                           f"{settings['lines']} sources")
+    kept_dir.mkdir(parents=True, exist_ok=True)
+    with (kept_dir / "translations.gz").open("wb") as raw, \
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as packed:
+        packed.write(text.encode("utf-8"))
+    (kept_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n",
+                                            encoding="utf-8")
+
+
+def restore_translations(kept_dir: str | Path, out_dir: str | Path) -> None:
+    """Put translations stored by :func:`keep_translations` back into ``out_dir`` as the
+    parts and settings a distillation writes (:func:`finish_distill` checks they are of the
+    corpus it is given)."""
+    kept_dir, out_dir = Path(kept_dir), Path(out_dir)
+    settings = json.loads((kept_dir / "settings.json").read_text(encoding="utf-8"))
+    lines = gzip.decompress((kept_dir / "translations.gz").read_bytes()).decode(
+        "utf-8").split("\n")[:-1]
+    if len(lines) != settings["lines"]:
+        raise ValueError(f"{kept_dir}: translations.gz holds {len(lines)} lines, "
+                         f"settings.json {settings['lines']}")
+    (out_dir / "parts").mkdir(parents=True, exist_ok=True)
+    _check_settings(out_dir / "settings.json", settings)
+    size = settings["chunk_lines"]
+    for number, start in enumerate(range(0, len(lines), size)):
+        _write_whole(out_dir / "parts" / f"{number:05d}.tgt", lines[start: start + size])
 
 
 def _check_settings(path: Path, settings: dict) -> None:

@@ -85,6 +85,11 @@ def _digest(lines: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _chunk_count(lines: int, chunk_lines: int) -> int:
+    """How many parts ``lines`` source lines make in chunks of ``chunk_lines``."""
+    return -(-lines // chunk_lines)
+
+
 def _write_whole(path: Path, lines: list[str]) -> None:
     """``lines`` into ``path``, which appears complete or not at all."""
     partial = path.with_name(path.name + ".partial")
@@ -121,7 +126,7 @@ def distill(translator, data_dir: str | Path, out_dir: str | Path, split: str = 
     parts = out_dir / "parts"
     parts.mkdir(parents=True, exist_ok=True)
     _check_settings(out_dir / "settings.json", settings)
-    chunks = (len(sources) + chunk_lines - 1) // chunk_lines
+    chunks = _chunk_count(len(sources), chunk_lines)
     missing = [n for n in range(chunks) if not (parts / f"{n:05d}.tgt").is_file()]
     if len(missing) < chunks:
         log(f"resuming: {chunks - len(missing)} of {chunks} parts already written")
@@ -163,7 +168,7 @@ def finish_distill(data_dir: str | Path, out_dir: str | Path, split: str = "trai
         raise ValueError(f"{out_dir} holds the translations of another corpus than the "
                          f"split {split} of {data_dir} (settings.json: its split, line count "
                          "and digest differ)")
-    chunks = (len(sources) + settings["chunk_lines"] - 1) // settings["chunk_lines"]
+    chunks = _chunk_count(len(sources), settings["chunk_lines"])
     report = _assemble(data_dir, out_dir, load_meta(data_dir), split, sources, chunks,
                        keep or DistillFilter())
     report["this_run"] = this_run or {"chunks": 0, "seconds": 0.0}
@@ -180,7 +185,7 @@ def keep_translations(out_dir: str | Path, kept_dir: str | Path) -> None:
     lines) beside a copy of its ``settings.json``."""
     out_dir, kept_dir = Path(out_dir), Path(kept_dir)
     settings = json.loads((out_dir / "settings.json").read_text(encoding="utf-8"))
-    chunks = (settings["lines"] + settings["chunk_lines"] - 1) // settings["chunk_lines"]
+    chunks = _chunk_count(settings["lines"], settings["chunk_lines"])
     text = "".join((out_dir / "parts" / f"{number:05d}.tgt").read_text(encoding="utf-8")
                    for number in range(chunks))
     if text.count("\n") != settings["lines"]:

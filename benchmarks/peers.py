@@ -16,7 +16,8 @@ batches, with the same beam size, length penalty and length cap, with
 * with ``--shortlist`` (the TransF run has a ``shortlist.safetensors``, ``ranmt
   shortlist``): ranmt TransF with it (``--shortlist``) and CTranslate2 with it as its
   vocabulary map (``vmap.txt`` written by the export, ``use_vmap=True``), fp32 and, with
-  ``--int8``, int8 (CTranslate2's own benchmark: int8 + vmap 1.31x int8).
+  ``--int8``, int8 (CTranslate2's own benchmark: int8 + vmap 1.31x int8); with ``--bf16``
+  also ranmt bf16 with the shortlist.
 
 ``--fixed-length L`` makes every hypothesis of every system exactly L tokens (ranmt:
 ``search(fixed_length=L)``; CTranslate2: ``min_decoding_length = max_decoding_length = L``;
@@ -205,6 +206,10 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
                                                                      shortlist=True)
                              for name, run in runs.items()})
             builders["CTranslate2 int8 + vmap"] = lambda: ct2("int8", True)
+        if args.bf16:
+            builders.update({f"ranmt {name} bf16 + shortlist": ranmt(run, precision="bf16",
+                                                                     shortlist=True)
+                             for name, run in runs.items()})
     if not args.no_hf:
         builders["HF generate"] = lambda: _hf_system(transf, *settings)
     return builders, transf

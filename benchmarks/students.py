@@ -1,7 +1,8 @@
 """Decoding speed of distilled-student shapes side by side (issue 70): the decoder
 self-attentions a student may use (TransF's, RAN-D's learned matrices, AAN, SSRU) in the
 ``student`` preset (6 encoder / 2 decoder layers, d 256, FFN 1536), with and without the
-lexical shortlist, fp32 and int8, against the teacher's shape (``small`` TransF).
+lexical shortlist, fp32 and int8 (and bf16 with ``--bf16``, on a CPU with native bf16),
+against the teacher's shape (``small`` TransF).
 
 Speed only: every system decodes the same source sentences (a prepared split of real
 data, so that a shortlist sees real source words) to exactly ``--fixed-length`` tokens
@@ -35,28 +36,35 @@ from ranmt.inference.decode import search
 from ranmt.inference.quantize import quantize_model
 from ranmt.inference.shortlist import RestrictedOutput, build_shortlist
 from ranmt.model import build_model
-from ranmt.runtime.precision import cpu_description
+from ranmt.runtime.precision import cpu_bf16_support, cpu_description
 
 DECODERS = {"TransF": "transf", "RAN-D": "ran-d", "AAN": "aan-d", "SSRU": "ssru-d"}
 SETTINGS = {"deployed": {"beam": 1, "batch": 32, "threads": 1},
             "usual": {"beam": 4, "batch": 100, "threads": 2}}
 
 
-def build(data: str, preset: str, arch: str, quantize: str):
+def build(data: str, preset: str, arch: str, copy: str):
+    """A freshly initialised model; ``copy``: fp32, int8 (dynamic quantization) or bf16
+    (weights and activations, as ``Translator.load(precision="bf16")``)."""
     cfg = load_config(None, {"model.preset": preset, "model.arch": arch})
     fill_config_from_data(cfg, data)
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    return quantize_model(model, quantize)
+    if copy == "bf16":
+        return model.to(torch.bfloat16)
+    return quantize_model(model, "int8" if copy == "int8" else "none")
 
 
-def systems(data: str, shortlist) -> dict:
+def systems(data: str, shortlist, bf16: bool = False) -> dict:
     """name -> (model, shortlist or None)."""
-    out = {"teacher small TransF": (build(data, "small", "transf", "none"), None)}
+    copies = ("fp32", "int8", "bf16") if bf16 else ("fp32", "int8")
+    out = {"teacher small TransF": (build(data, "small", "transf", "fp32"), None)}
+    if bf16:
+        out["teacher small TransF bf16"] = (build(data, "small", "transf", "bf16"), None)
     for name, arch in DECODERS.items():
-        for quantize in ("none", "int8"):
-            model = build(data, "student", arch, quantize)
-            suffix = "" if quantize == "none" else " int8"
+        for copy in copies:
+            model = build(data, "student", arch, copy)
+            suffix = "" if copy == "fp32" else f" {copy}"
             out[f"student {name}{suffix}"] = (model, None)
             out[f"student {name}{suffix} + shortlist"] = (model, shortlist)
     return out
@@ -80,8 +88,12 @@ def run(args) -> dict:
     encoded = load_split(args.data, args.split)
     sources = [list(map(int, encoded.src[i])) for i in range(min(len(encoded.src),
                                                                   args.sentences))]
+    if args.bf16:
+        supported, why = cpu_bf16_support()
+        if not supported:
+            raise SystemExit(f"--bf16: {why}")
     shortlist = build_shortlist(args.data, args.k, args.frequent)
-    models = systems(args.data, shortlist)
+    models = systems(args.data, shortlist, args.bf16)
     if args.systems:  # the teacher (the ratios' base) and the systems named
         models = {name: value for name, value in models.items() if name.startswith("teacher")
                   or any(part in name for part in args.systems)}
@@ -120,7 +132,7 @@ def run(args) -> dict:
         print(f"\n{setting}: beam {options['beam']}, batch {options['batch']}, "
               f"{options['threads']} thread(s), fixed length {args.fixed_length}")
         for name in names:
-            print(f"  {name:<34} {medians[name]:>9,.0f} tok/s  {medians[name] / teacher:5.2f}x")
+            print(f"  {name:<40} {medians[name]:>9,.0f} tok/s  {medians[name] / teacher:5.2f}x")
     return report
 
 
@@ -133,6 +145,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=50)
     parser.add_argument("--frequent", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bf16", action="store_true",
+                        help="also bf16 copies of every system (a CPU with native bf16)")
     parser.add_argument("--systems", nargs="+",
                         help="only the systems whose names hold one of these (and the teacher)")
     parser.add_argument("--json", help="write the report here")

@@ -10,7 +10,11 @@ calls each):
 * ``fp32 packed``: ranmt's oneDNN prepacked layer (``ranmt.runtime.packed``), what
   ``ranmt translate`` runs in fp32;
 * ``int8``: PyTorch's dynamic int8 layer (fbgemm: the activations quantized per call, int8
-  products, fp32 out), what ``--quantize int8`` runs.
+  products, fp32 out), what ``--quantize int8`` runs;
+* ``--onednn-int8``: the same dynamic int8 layer prepacked under PyTorch's ``onednn``
+  quantized engine (oneDNN's int8 kernels, which use AVX512-VNNI where the CPU has it);
+* ``--bf16`` (a CPU whose oneDNN packs bf16): the packed layer in bf16, input and output
+  bf16, what ``--precision bf16`` runs.
 
 Rows: M = the rows of one call (32 = one greedy step of a 32-sentence batch; 1,000 ~ the
 encoder over 32 sentences of ~30 subwords), K x N the layer. Printed: microseconds per call
@@ -31,6 +35,7 @@ from torch import nn
 
 from ranmt.inference.quantize import quantize_model
 from ranmt.runtime.packed import PackedLinear
+from ranmt.runtime.precision import cpu_description
 
 SHAPES = ((32, 256, 256), (32, 256, 1536), (32, 1536, 256), (32, 256, 3300),
           (1000, 256, 768), (1000, 256, 1536), (1000, 1536, 256))
@@ -38,13 +43,42 @@ SHAPES = ((32, 256, 256), (32, 256, 1536), (32, 1536, 256), (32, 256, 3300),
 batch 32; the encoder's fused q/k/v projection and feed-forward over 1,000 rows."""
 
 
-def _kernels(in_features: int, out_features: int) -> dict[str, nn.Module]:
+class _Bf16(nn.Module):
+    """A packed layer in bf16 fed the fp32 input cast once, outside the timing."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer.to(torch.bfloat16)
+        self.cached: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cached is None or self.cached[0] is not x:
+            self.cached = (x, x.to(torch.bfloat16))
+        return self.layer(self.cached[1])
+
+
+def _int8_under(engine: str, plain: nn.Module) -> nn.Module:
+    """The layer ``--quantize int8`` makes, prepacked under quantized ``engine``."""
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        return quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]
+    finally:
+        torch.backends.quantized.engine = previous
+
+
+def _kernels(in_features: int, out_features: int, onednn_int8: bool,
+             bf16: bool) -> dict[str, nn.Module]:
     plain = nn.Linear(in_features, out_features)
     packed = PackedLinear(in_features, out_features)
     packed.load_state_dict(plain.state_dict())
-    # the layer --quantize int8 makes (in place: of a copy)
-    int8 = quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]
-    return {"fp32": plain, "fp32 packed": packed, "int8": int8}
+    kernels = {"fp32": plain, "fp32 packed": packed,
+               "int8": quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]}
+    if onednn_int8:
+        kernels["int8 onednn"] = _int8_under("onednn", plain)
+    if bf16:
+        kernels["bf16 packed"] = _Bf16(copy.deepcopy(packed))
+    return kernels
 
 
 def _seconds_per_call(layer: nn.Module, x: torch.Tensor, calls: int) -> float:
@@ -61,17 +95,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--shapes", nargs="+", metavar="MxKxN",
+                   help="the shapes to measure (default: a student's, see SHAPES)")
+    p.add_argument("--onednn-int8", action="store_true",
+                   help="also the int8 layer under PyTorch's onednn quantized engine")
+    p.add_argument("--bf16", action="store_true", help="also the packed layer in bf16")
     args = p.parse_args(argv)
+    if args.onednn_int8 and "onednn" not in torch.backends.quantized.supported_engines:
+        raise SystemExit("this PyTorch build has no onednn quantized engine")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {args.threads} thread(s); microseconds per call "
-          "(GMAC/s)")
-    names = ("fp32", "fp32 packed", "int8")
+    print(f"{cpu_description()}; torch {torch.__version__}, {args.threads} thread(s); "
+          "microseconds per call (GMAC/s)")
+    names = ("fp32", "fp32 packed", "int8") + ("int8 onednn",) * args.onednn_int8 \
+        + ("bf16 packed",) * args.bf16
     print("| M x K x N | " + " | ".join(names) + " |")
     print("|---" * (1 + len(names)) + "|")
     with torch.inference_mode():
-        for rows, in_features, out_features in SHAPES:
-            kernels = _kernels(in_features, out_features)
+        shapes = ([tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
+                  if args.shapes else SHAPES)
+        for rows, in_features, out_features in shapes:
+            kernels = _kernels(in_features, out_features, args.onednn_int8, args.bf16)
             x = torch.randn(rows, in_features)
             for layer in kernels.values():  # warm-up: packing, oneDNN primitives
                 for _ in range(5):

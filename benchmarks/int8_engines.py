@@ -26,6 +26,7 @@ import torch
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.inference.decode import search
+from ranmt.inference.quantize import quantized_engine
 from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
@@ -35,12 +36,8 @@ ENGINES = ("x86", "onednn")
 
 def load_under(engine: str, run: str, shortlist: bool) -> Translator:
     """The run's int8 translator, its layers prepacked under quantized ``engine``."""
-    previous = torch.backends.quantized.engine
-    torch.backends.quantized.engine = engine
-    try:
+    with quantized_engine(engine):
         return Translator.load(run, device="cpu", quantize="int8", shortlist=shortlist)
-    finally:
-        torch.backends.quantized.engine = previous
 
 
 def decode_all(translator: Translator, batches: list, beam: int, fixed_length: int) -> list:
@@ -71,9 +68,6 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds per engine")
     parser.add_argument("--shortlist", action="store_true", help="decode with the run's list")
     args = parser.parse_args(argv)
-    missing = [e for e in ENGINES if e not in torch.backends.quantized.supported_engines]
-    if missing:
-        raise SystemExit(f"this PyTorch build lacks the quantized engines {missing}")
     torch.set_num_threads(args.threads)
     translators = {engine: load_under(engine, args.run, args.shortlist) for engine in ENGINES}
     sources = raw_text(args.data, args.split, "src")[:args.sentences]

@@ -33,7 +33,7 @@ import time
 import torch
 from torch import nn
 
-from ranmt.inference.quantize import quantize_model
+from ranmt.inference.quantize import quantize_model, quantized_engine
 from ranmt.runtime.packed import PackedLinear
 from ranmt.runtime.precision import cpu_description
 
@@ -57,14 +57,9 @@ class _Bf16(nn.Module):
         return self.layer(self.cached[1])
 
 
-def _int8_under(engine: str, plain: nn.Module) -> nn.Module:
-    """The layer ``--quantize int8`` makes, prepacked under quantized ``engine``."""
-    previous = torch.backends.quantized.engine
-    torch.backends.quantized.engine = engine
-    try:
-        return quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]
-    finally:
-        torch.backends.quantized.engine = previous
+def _int8(plain: nn.Module) -> nn.Module:
+    """The layer ``--quantize int8`` makes of ``plain`` (in place: of a copy)."""
+    return quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]
 
 
 def _kernels(in_features: int, out_features: int, onednn_int8: bool,
@@ -72,10 +67,10 @@ def _kernels(in_features: int, out_features: int, onednn_int8: bool,
     plain = nn.Linear(in_features, out_features)
     packed = PackedLinear(in_features, out_features)
     packed.load_state_dict(plain.state_dict())
-    kernels = {"fp32": plain, "fp32 packed": packed,
-               "int8": quantize_model(nn.Sequential(copy.deepcopy(plain)), "int8")[0]}
+    kernels = {"fp32": plain, "fp32 packed": packed, "int8": _int8(plain)}
     if onednn_int8:
-        kernels["int8 onednn"] = _int8_under("onednn", plain)
+        with quantized_engine("onednn"):
+            kernels["int8 onednn"] = _int8(plain)
     if bf16:
         kernels["bf16 packed"] = _Bf16(copy.deepcopy(packed))
     return kernels
@@ -101,21 +96,19 @@ def main(argv: list[str] | None = None) -> None:
                    help="also the int8 layer under PyTorch's onednn quantized engine")
     p.add_argument("--bf16", action="store_true", help="also the packed layer in bf16")
     args = p.parse_args(argv)
-    if args.onednn_int8 and "onednn" not in torch.backends.quantized.supported_engines:
-        raise SystemExit("this PyTorch build has no onednn quantized engine")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"{cpu_description()}; torch {torch.__version__}, {args.threads} thread(s); "
           "microseconds per call (GMAC/s)")
-    names = ("fp32", "fp32 packed", "int8") + ("int8 onednn",) * args.onednn_int8 \
-        + ("bf16 packed",) * args.bf16
-    print("| M x K x N | " + " | ".join(names) + " |")
-    print("|---" * (1 + len(names)) + "|")
     with torch.inference_mode():
         shapes = ([tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
                   if args.shapes else SHAPES)
         for rows, in_features, out_features in shapes:
             kernels = _kernels(in_features, out_features, args.onednn_int8, args.bf16)
+            names = list(kernels)
+            if (rows, in_features, out_features) == shapes[0]:  # the table's header, once
+                print("| M x K x N | " + " | ".join(names) + " |")
+                print("|---" * (1 + len(names)) + "|")
             x = torch.randn(rows, in_features)
             for layer in kernels.values():  # warm-up: packing, oneDNN primitives
                 for _ in range(5):

@@ -10,7 +10,7 @@ from torch import nn
 
 from conftest import random_batch, tiny_model
 from ranmt.inference.decode import search
-from ranmt.inference.quantize import is_quantized, quantize_model
+from ranmt.inference.quantize import is_quantized, quantize_model, quantized_engine
 
 ARCHS = ["transf", "ran-e", "ran-d", "ran-all", "hc-sa", "hc-all", "sh-x", "syn-r", "aan-d",
          "ssru-d"]
@@ -39,3 +39,17 @@ def test_quantize_options():
     assert quantize_model(model, "none") is model and not is_quantized(model)
     with pytest.raises(ValueError, match="unknown quantization"):
         quantize_model(model, "int4")
+
+
+def test_quantized_engine_switches_and_restores():
+    before = torch.backends.quantized.engine
+    other = next(e for e in torch.backends.quantized.supported_engines
+                 if e not in (before, "none"))
+    with pytest.raises(RuntimeError, match="inside"), quantized_engine(other):
+        assert torch.backends.quantized.engine == other
+        raise RuntimeError("inside")
+    assert torch.backends.quantized.engine == before
+    with pytest.raises(ValueError, match="no quantized engine"), \
+            quantized_engine("no-such-engine"):
+        pass
+    assert torch.backends.quantized.engine == before

@@ -18,6 +18,8 @@ silenced here. CTranslate2's ``int8`` is the peer this is measured against
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -58,6 +60,21 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
 
         quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
     return model
+
+
+@contextmanager
+def quantized_engine(engine: str) -> Iterator[None]:
+    """Within the block, PyTorch's quantized engine is ``engine`` (e.g. ``onednn``): layers
+    quantized there are prepacked for its kernels and keep them. Restored on exit."""
+    if engine not in torch.backends.quantized.supported_engines:
+        raise ValueError(f"this PyTorch build has no quantized engine '{engine}' (it has "
+                         f"{', '.join(torch.backends.quantized.supported_engines)})")
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = previous
 
 
 def is_quantized(model: nn.Module) -> bool:

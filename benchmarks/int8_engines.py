@@ -1,5 +1,5 @@
-"""One int8 checkpoint decoded under PyTorch's two x86 quantized engines (and without the
-fused feed-forward ReLU), side by side. Not a test.
+"""One int8 checkpoint decoded under PyTorch's two x86 quantized engines, side by side. Not a
+test.
 
 ``--quantize int8`` prepacks its dynamic int8 layers under PyTorch's default quantized
 engine (``x86``, which runs them with fbgemm). The ``onednn`` engine packs the same int8
@@ -11,13 +11,7 @@ decodes the same length-sorted batches with each, alternating the order round by
 per round, the ratio of the best rounds, and the share of identical outputs (the engines
 quantize activations differently, so outputs may differ a little).
 
-``--systems x86 x86-unfused`` compares instead ranmt's int8 model with the same model
-quantized without fusing the feed-forward's first layer and ReLU into one fbgemm kernel
-(``ranmt.inference.quantize.fuse_relu_feed_forwards``): the same outputs, so the ratio is
-what the fusion saves.
-
     python benchmarks/int8_engines.py --run RUN --data DATA --batch 32 --beam 1 --threads 1
-    python benchmarks/int8_engines.py --run RUN --data DATA --systems x86 x86-unfused
 """
 
 from __future__ import annotations
@@ -25,31 +19,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import nullcontext
-from unittest import mock
 
 import numpy as np
 import torch
 
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
-from ranmt.inference import quantize
 from ranmt.inference.decode import search
 from ranmt.inference.quantize import quantized_engine
 from ranmt.inference.shortlist import RestrictedOutput
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 
-SYSTEMS = {"x86": ("x86", True), "onednn": ("onednn", True), "x86-unfused": ("x86", False)}
-"""name -> (quantized engine, feed-forward ReLU fused into the first layer's kernel)."""
+ENGINES = ("x86", "onednn")
 
 
-def load_under(system: str, run: str, shortlist: bool) -> Translator:
-    """The run's int8 translator, its layers prepacked under the system's quantized engine
-    (and with its feed-forward ReLUs unfused for ``x86-unfused``)."""
-    engine, fused = SYSTEMS[system]
-    unfused = mock.patch.object(quantize, "fuse_relu_feed_forwards", lambda model: 0)
-    with quantized_engine(engine), (nullcontext() if fused else unfused):
+def load_under(engine: str, run: str, shortlist: bool) -> Translator:
+    """The run's int8 translator, its layers prepacked under quantized ``engine``."""
+    with quantized_engine(engine):
         return Translator.load(run, device="cpu", quantize="int8", shortlist=shortlist)
 
 
@@ -80,37 +67,33 @@ def main(argv=None) -> None:
     parser.add_argument("--fixed-length", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds per engine")
     parser.add_argument("--shortlist", action="store_true", help="decode with the run's list")
-    parser.add_argument("--systems", nargs=2, choices=list(SYSTEMS), default=["x86", "onednn"],
-                        help="the two int8 systems to compare (default: the two engines)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    systems = tuple(args.systems)
-    translators = {name: load_under(name, args.run, args.shortlist) for name in systems}
+    translators = {engine: load_under(engine, args.run, args.shortlist) for engine in ENGINES}
     sources = raw_text(args.data, args.split, "src")[:args.sentences]
-    ids = [s for s in translators[systems[0]].src_vocab.encode(sources) if s]
+    ids = [s for s in translators["x86"].src_vocab.encode(sources) if s]
     lengths = np.array([len(s) for s in ids])
     batches = [[ids[i] for i in rows]
                for rows in make_batches(lengths, lengths, 10 ** 9, args.batch)]
-    seconds = {name: [] for name in systems}
+    seconds = {engine: [] for engine in ENGINES}
     outputs = {}
     with torch.inference_mode():
         for round_ in range(args.rounds + 1):  # round 0: warm-up
-            for name in (systems if round_ % 2 == 0 else systems[::-1]):
+            for engine in (ENGINES if round_ % 2 == 0 else ENGINES[::-1]):
                 start = time.perf_counter()
-                outputs[name] = decode_all(translators[name], batches, args.beam,
-                                           args.fixed_length)
+                outputs[engine] = decode_all(translators[engine], batches, args.beam,
+                                             args.fixed_length)
                 if round_:
-                    seconds[name].append(time.perf_counter() - start)
+                    seconds[engine].append(time.perf_counter() - start)
     print(f"{cpu_description()}; torch {torch.__version__}; {len(ids)} sentences of "
           f"{args.split}, batch {args.batch}, beam {args.beam}, {args.threads} thread(s), "
           f"fixed length {args.fixed_length}, shortlist {args.shortlist}")
-    for name in systems:
-        rounds = " ".join(f"{s:.3f}" for s in seconds[name])
-        print(f"{name:11s} seconds per round: {rounds} (best {min(seconds[name]):.3f})")
-    first, second = systems
-    same = sum(a == b for a, b in zip(outputs[first], outputs[second])) / len(ids)
-    print(f"{first} / {second} time, best rounds: "
-          f"{min(seconds[first]) / min(seconds[second]):.2f}x; identical outputs "
+    for engine in ENGINES:
+        rounds = " ".join(f"{s:.3f}" for s in seconds[engine])
+        print(f"{engine:7s} seconds per round: {rounds} (best {min(seconds[engine]):.3f})")
+    same = sum(a == b for a, b in zip(outputs["x86"], outputs["onednn"])) / len(ids)
+    print(f"x86 (fbgemm) / onednn time, best rounds: "
+          f"{min(seconds['x86']) / min(seconds['onednn']):.2f}x; identical outputs "
           f"{100 * same:.1f}%")
 
 

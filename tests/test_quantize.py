@@ -53,33 +53,3 @@ def test_quantized_engine_switches_and_restores():
             quantized_engine("no-such-engine"):
         pass
     assert torch.backends.quantized.engine == before
-
-
-@pytest.mark.parametrize("arch", ["transf", "ssru-d"])
-def test_fused_relu_feed_forward_gives_the_separate_relus_outputs(arch, monkeypatch):
-    """fc1 + ReLU quantized as one fused fbgemm layer: the same log-probs, bit for bit, as
-    the int8 fc1 followed by a separate ReLU (fusion only saves the pass over the
-    activations)."""
-    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
-
-    import ranmt.inference.quantize as quantize
-
-    model, _ = tiny_model(seed=2, **{"model.arch": arch, "model.activation": "relu"})
-    fused = quantize_model(copy.deepcopy(model), "int8")
-    layers = model.config.encoder.layers + model.config.decoder.layers
-    assert sum(type(m) is LinearReLU for m in fused.modules()) == layers
-    monkeypatch.setattr(quantize, "fuse_relu_feed_forwards", lambda m: 0)
-    separate = quantize_model(copy.deepcopy(model), "int8")
-    assert not any(type(m) is LinearReLU for m in separate.modules())
-    src, tgt = random_batch(batch=3, seed=2)
-    with torch.inference_mode():
-        assert torch.equal(fused(src, tgt), separate(src, tgt))
-    assert search(fused, src, beam=2, nbest=1) == search(separate, src, beam=2, nbest=1)
-
-
-def test_gelu_feed_forwards_are_not_fused():
-    from torch.ao.nn.intrinsic.quantized.dynamic import LinearReLU
-
-    model, _ = tiny_model(seed=2, **{"model.activation": "gelu"})
-    quantized = quantize_model(model, "int8")
-    assert not any(type(m) is LinearReLU for m in quantized.modules())

@@ -7,10 +7,7 @@ per tensor; activations are quantized on the fly per batch, the products run in 
 are accumulated in int32. Embeddings, layer norms, attention weights (RAN's learned
 matrices included) and the softmax stay float32, so every registry variant quantizes the
 same way. A tied output projection is given its own (quantized) copy of the target
-embedding, since the embedding lookup itself stays float. A ReLU feed-forward's first
-layer and its ReLU become one fused layer (fbgemm's ``linear_relu_dynamic``: the ReLU is
-applied to the product's output inside the kernel, with no separate pass over the
-(tokens, ffn_dim) activations; the same values as the separate ReLU).
+embedding, since the embedding lookup itself stays float.
 
 PyTorch marks ``torch.ao.quantization`` as deprecated in favour of torchao; it still ships
 and runs in the versions this project supports (2.4 to 2.13), and its warnings are
@@ -25,8 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from torch import Tensor, nn
-from torch.nn import functional as F
+from torch import nn
 
 from ranmt.runtime.packed import plain_linears
 
@@ -58,37 +54,12 @@ def quantize_model(model: nn.Module, mode: str = "none") -> nn.Module:
         if isinstance(module, DotProductAttention):
             module.fuse_for_quantization()
     plain_linears(model)  # quantize_dynamic maps exact nn.Linear types only
-    fuse_relu_feed_forwards(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from torch.ao.nn.intrinsic import LinearReLU
         from torch.ao.quantization import quantize_dynamic
 
-        quantize_dynamic(model, {nn.Linear, LinearReLU}, dtype=torch.qint8, inplace=True)
+        quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
     return model
-
-
-def _already_applied(x: Tensor) -> Tensor:
-    return x
-
-
-def fuse_relu_feed_forwards(model: nn.Module) -> int:
-    """Give every ReLU feed-forward of ``model`` its first layer and ReLU as one
-    ``LinearReLU`` (which ``quantize_dynamic`` turns into fbgemm's fused int8 kernel); its
-    own activation becomes the identity. In place, for inference; returns how many."""
-    from ranmt.model.layers import FeedForward
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch.ao.nn.intrinsic import LinearReLU
-    fused = 0
-    for module in model.modules():
-        if (isinstance(module, FeedForward) and module.activation is F.relu
-                and type(module.fc1) is nn.Linear):
-            module.fc1 = LinearReLU(module.fc1, nn.ReLU())
-            module.activation = _already_applied
-            fused += 1
-    return fused
 
 
 @contextmanager

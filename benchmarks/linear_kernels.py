@@ -103,12 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     with torch.inference_mode():
         shapes = ([tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
                   if args.shapes else SHAPES)
-        for rows, in_features, out_features in shapes:
+        for index, (rows, in_features, out_features) in enumerate(shapes):
             kernels = _kernels(in_features, out_features, args.onednn_int8, args.bf16)
-            names = list(kernels)
-            if (rows, in_features, out_features) == shapes[0]:  # the table's header, once
-                print("| M x K x N | " + " | ".join(names) + " |")
-                print("|---" * (1 + len(names)) + "|")
+            if index == 0:  # the table's header, named after the kernels built
+                print("| M x K x N | " + " | ".join(kernels) + " |")
+                print("|---" * (1 + len(kernels)) + "|")
             x = torch.randn(rows, in_features)
             for layer in kernels.values():  # warm-up: packing, oneDNN primitives
                 for _ in range(5):
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
                 for name, layer in kernels.items():
                     best[name] = min(best[name], _seconds_per_call(layer, x, args.calls))
             macs = rows * in_features * out_features
-            cells = [f"{1e6 * best[n]:,.0f} ({macs / best[n] / 1e9:.0f})" for n in names]
+            cells = [f"{1e6 * best[n]:,.0f} ({macs / best[n] / 1e9:.0f})" for n in kernels]
             print(f"| {rows} x {in_features} x {out_features} | " + " | ".join(cells) + " |")
 
 

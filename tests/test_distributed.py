@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,12 +22,23 @@ COMMON = ["model.preset=tiny", "model.dropout=0.0", "train.lr=0.003", "train.war
           "train.keep_last=10", "train.threads=1"]
 
 
-def _run(data, run, nproc: int, *extra: str) -> None:
+# Imported by every Python process started with this folder on PYTHONPATH: a torchrun
+# worker (LOCAL_RANK set; the launcher has none) that reaches interpreter teardown aborts, as
+# one did in CI when a gloo thread took the GIL there (ranmt.training.distributed).
+ABORT_AT_TEARDOWN = """
+import atexit, os
+if "LOCAL_RANK" in os.environ:
+    atexit.register(os.abort)
+"""
+
+
+def _run(data, run, nproc: int, *extra: str, env: dict | None = None) -> None:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
     argv = launcher + ["-m", "ranmt", "train", "--data", str(data), "--out", str(run),
                        *COMMON, *extra]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                            env=None if env is None else {**os.environ, **env})
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -34,7 +46,11 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_d
                                                                       tmp_path):
     # 1 process x accumulation 2  ==  2 processes x accumulation 1 (same batches per step)
     _run(reverse_data, tmp_path / "one", 1, "train.max_steps=8", "train.accumulation=2")
-    _run(reverse_data, tmp_path / "two", 2, "train.max_steps=8")
+    # the workers end without interpreter teardown, where gloo's threads can abort them
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(ABORT_AT_TEARDOWN)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    _run(reverse_data, tmp_path / "two", 2, "train.max_steps=8", env={"PYTHONPATH": path})
     one = load_file(str(tmp_path / "one/checkpoints/step_00000008/model.safetensors"))
     two = load_file(str(tmp_path / "two/checkpoints/step_00000008/model.safetensors"))
     for key in one:

@@ -64,6 +64,22 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_d
 
 
 
+def test_a_worker_that_fails_exits_with_the_cli_status_without_teardown(tmp_path):
+    """An error in a torchrun worker leaves with the CLI's status 2, not through interpreter
+    teardown (where gloo's leaked threads can turn it into an abort)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site/sitecustomize.py").write_text(ABORT_AT_TEARDOWN)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    worker = {"PYTHONPATH": path, "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    result = subprocess.run([sys.executable, "-m", "ranmt", "train", "--data", str(tmp_path),
+                             "--out", str(tmp_path / "run"), "--config",
+                             str(tmp_path / "missing.yaml")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **worker})
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "ranmt train: error:" in result.stderr
+
+
 def test_deferred_reads_across_processes(reverse_data, tmp_path):
     """train.host_reads=log with DDP: each step's loss sums are all-reduced on the device,
     so two processes log the losses (and reach the weights) of one process with the same

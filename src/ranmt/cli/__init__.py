@@ -55,10 +55,20 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except KeyboardInterrupt:
-        sys.exit(130)
+        _exit(130)
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
         print(f"ranmt {args.command}: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        _exit(2)
+
+
+def _exit(code: int) -> None:
+    """Leave with ``code``; a torchrun worker skips interpreter finalization, where gloo's
+    leaked threads can turn the exit into an abort (ranmt.training.distributed)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch is loaded already under torchrun
+        from ranmt.training.distributed import exit_worker
+
+        exit_worker(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

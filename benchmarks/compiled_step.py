@@ -1,0 +1,221 @@
+"""A whole search step compiled with ``torch.compile`` on a CPU, int8 products kept as opaque
+operators, against the eager searches, side by side. Not a test; not a ranmt feature.
+
+Issue 70's last open speed goal (ranmt's fastest student >= 1.2x CTranslate2 int8 + vmap
+at greedy, batch 32, one thread) is held back on the Zen 5 by what lies *between* a step's
+int8 products: layer norms, softmaxes, small attention products, the search's bookkeeping
+and Python's dispatch of a few hundred operators per step (docs/PERFORMANCE.md, "Where the
+deployed setting's time goes now"). A compiled step should remove that dispatch. This
+script measures how much it does, for trained checkpoints:
+
+* ``eager shrinking``: the CPU default (``search``: finished sentences leave the batch);
+* ``eager static``: the sync-free search with the static decoder of
+  ``ranmt.inference.graphs`` (every row kept, fixed shapes; what CUDA graphs replay);
+* ``compiled static``: the same sync-free step, the whole of it (decoder, arg-max or beam
+  selection, reorder), through ``torch.compile(fullgraph=True)`` with inductor.
+
+What the compiled step needs that the product does not have (patched here, only while the
+compiled system runs): dynamo cannot trace fbgemm's packed int8 weights (a TorchScript
+object: "Failed to convert args/kwargs to proxy"), so each dynamic int8 layer calls a
+custom operator (``ranmt_bench::int8_linear``, a fake implementation for its output shape)
+that runs ``quantized.linear_dynamic`` outside the graph; the static decoder's pinning of
+cache addresses (for CUDA graphs) keys on ``id()``, which guards every new batch's cache
+and recompiles, so it is bypassed; and the decoder's Python step counter (unused when rows
+carry positions) is held at 0 so that it does not specialise the graph. The lexical
+shortlist's restricted output layer packs new int8 rows per batch and is not covered.
+
+Printed: the one-off compile time, target tokens/s of each system (best of ``--rounds``
+after a warm-up, systems alternating), the ratio to eager shrinking, and how many best
+hypotheses equal eager shrinking's (int8 quantizes each activation tensor with one scale,
+so a static search's extra rows and a compiled graph's differently ordered float sums can
+flip near-ties; ``--precision fp32`` isolates the compiler's share).
+
+    python benchmarks/compiled_step.py --run RUN [RUN ...] --data DATA --batch 32 --beam 1 \\
+        --threads 1 --fixed-length 20 [--precision int8|fp32|bf16] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+import torch._dynamo
+from torch import Tensor, nn
+
+from ranmt.data.batching import pad_sources
+from ranmt.data.corpus import raw_text
+from ranmt.inference import decode as decode_module
+from ranmt.inference import graphs
+from ranmt.inference.translator import Translator
+from ranmt.runtime.precision import cpu_description
+
+_PACKED: dict[int, object] = {}  # layer key -> fbgemm packed int8 weight and bias
+_OUT_FEATURES: dict[int, int] = {}
+
+
+@torch.library.custom_op("ranmt_bench::int8_linear", mutates_args=())
+def int8_linear(x: Tensor, layer: int) -> Tensor:
+    """x (..., in) -> (..., out): the dynamic int8 layer ``layer``, outside the graph."""
+    return torch.ops.quantized.linear_dynamic(x, _PACKED[layer], True)
+
+
+@int8_linear.register_fake
+def _int8_linear_shape(x: Tensor, layer: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], _OUT_FEATURES[layer])
+
+
+class OpaqueInt8Linear(nn.Module):
+    """A dynamic int8 linear layer: fbgemm's call in eager mode, the custom operator when
+    dynamo traces it (same kernel, same outputs)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.packed = layer._packed_params._packed_params
+        self.key = len(_PACKED)
+        _PACKED[self.key], _OUT_FEATURES[self.key] = self.packed, layer.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.ranmt_bench.int8_linear(x, self.key)
+        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+
+
+def make_opaque(model: nn.Module) -> int:
+    """Replace every dynamic int8 linear of ``model`` by an :class:`OpaqueInt8Linear`;
+    returns how many."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is DynamicLinear:
+                setattr(module, name, OpaqueInt8Linear(child))
+                replaced += 1
+    return replaced
+
+
+class _CompiledStep(graphs.RecordedStep):
+    """The search's step body through ``torch.compile`` (never recorded as a CUDA graph)."""
+
+    def __init__(self, body, device, record):
+        super().__init__(torch.compile(body, fullgraph=True), device, False)
+
+
+@contextmanager
+def compiled_steps():
+    """While inside: the sync-free searches compile their step (see the module docstring)."""
+    recorded, decode, pinned = (decode_module.RecordedStep, graphs.StaticDecoder.decode,
+                                graphs.StaticDecoder._pinned)
+
+    def decode_at_step_zero(self, prev: Tensor) -> Tensor:
+        logprobs = decode(self, prev)
+        for member in self.cache.members:
+            member.step = 0  # rows carry positions; the counter would specialise the graph
+        return logprobs
+
+    decode_module.RecordedStep = _CompiledStep
+    graphs.StaticDecoder.decode = decode_at_step_zero
+    graphs.StaticDecoder._pinned = lambda self, run: run()
+    try:
+        yield
+    finally:
+        decode_module.RecordedStep = recorded
+        graphs.StaticDecoder.decode, graphs.StaticDecoder._pinned = decode, pinned
+
+
+SYSTEMS = {"eager shrinking": {"sync_free": False},
+           "eager static": {"sync_free": True, "cuda_graphs": True},
+           "compiled static": {"sync_free": True, "cuda_graphs": True}}
+
+
+def _decode(model, batches, args, system: str) -> tuple[list, float]:
+    """(best hypothesis per sentence, seconds) of ``system`` over ``batches``."""
+    options = {"beam": args.beam, "fixed_length": args.fixed_length, **SYSTEMS[system]}
+    start = time.perf_counter()
+    if system.startswith("compiled"):
+        with compiled_steps():
+            hyps = [h[0] for src in batches for h in decode_module.search(model, src, **options)]
+    else:
+        hyps = [h[0] for src in batches for h in decode_module.search(model, src, **options)]
+    return hyps, time.perf_counter() - start
+
+
+def measure(run: str, args) -> dict:
+    """One checkpoint's systems, side by side (see the module docstring)."""
+    quantize = "int8" if args.precision == "int8" else "none"
+    precision = "bf16" if args.precision == "bf16" else "fp32"
+    translator = Translator.load(run, device="cpu", quantize=quantize, precision=precision)
+    model = translator.model
+    opaque = make_opaque(model) if quantize == "int8" else 0
+    lines = raw_text(args.data, args.split, "src")[: args.sentences]
+    ids = sorted(translator.src_vocab.encode(lines), key=len)
+    batches = [pad_sources(ids[i: i + args.batch]) for i in range(0, len(ids), args.batch)]
+    start = time.perf_counter()
+    _decode(model, batches, args, "compiled static")
+    compile_seconds = time.perf_counter() - start
+    for system in SYSTEMS:  # warm-up of the eager systems
+        if not system.startswith("compiled"):
+            _decode(model, batches, args, system)
+    best, outputs = dict.fromkeys(SYSTEMS, float("inf")), {}
+    for round_index in range(args.rounds):
+        order = list(SYSTEMS) if round_index % 2 == 0 else list(reversed(SYSTEMS))
+        for system in order:
+            outputs[system], seconds = _decode(model, batches, args, system)
+            best[system] = min(best[system], seconds)
+    reference = outputs["eager shrinking"]
+    tokens = sum(len(tokens) + 1 for tokens, _ in reference)
+    result = {"run": run, "arch": translator.config.model.arch, "opaque_int8_layers": opaque,
+              "compile_and_first_pass_s": round(compile_seconds, 1), "tokens": tokens,
+              "systems": {}}
+    for system in SYSTEMS:
+        same = sum(a[0] == b[0] for a, b in zip(reference, outputs[system]))
+        result["systems"][system] = {
+            "tokens_per_s": round(tokens / best[system], 1),
+            "vs_eager_shrinking": round(best["eager shrinking"] / best[system], 3),
+            "identical_to_eager_shrinking": f"{same}/{len(reference)}"}
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run", nargs="+", required=True, help="trained runs or checkpoints")
+    p.add_argument("--data", required=True, help="prepared data directory")
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--sentences", type=int, default=320)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--beam", type=int, default=1)
+    p.add_argument("--fixed-length", type=int, default=20,
+                   help="every hypothesis exactly this long (equal work for every system)")
+    p.add_argument("--precision", choices=("int8", "fp32", "bf16"), default="int8")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.recompile_limit = 64
+    header = {"cpu": cpu_description(), "torch": torch.__version__, "threads": args.threads,
+              "batch": args.batch, "beam": args.beam, "fixed_length": args.fixed_length,
+              "precision": args.precision, "sentences": args.sentences, "rounds": args.rounds}
+    print(json.dumps(header))
+    results = []
+    for run in args.run:
+        result = measure(run, args)
+        results.append(result)
+        print(f"{result['arch']} {args.precision}: compile + first pass "
+              f"{result['compile_and_first_pass_s']} s")
+        for system, row in result["systems"].items():
+            print(f"  {system:16s} {row['tokens_per_s']:>9,.0f} tok/s  "
+                  f"{row['vs_eager_shrinking']:.2f}x eager shrinking  identical "
+                  f"{row['identical_to_eager_shrinking']}")
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({**header, "results": results}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ model; the bounds are generous (a loaded CI machine), the behaviour exact."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import signal
@@ -200,7 +201,7 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
             os.kill(pid, signal.SIGSTOP)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             held = pool.submit(_post, f"{url}/translate", b'{"text": ["a b c"]}')
-            time.sleep(0.5)
+            _until(lambda: _in_flight(url) == 1, 10)  # admitted before the SIGTERM
             process.send_signal(signal.SIGTERM)
             _until(lambda: _post(f"{url}/translate", b'{"text": ["a"]}')[0] == 503, 10)
             for pid in workers:
@@ -214,6 +215,12 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def _in_flight(url: str) -> int:
+    """Requests the server has admitted and not yet answered (``/health``)."""
+    with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+        return json.loads(response.read())["in_flight"]
 
 
 def _ready(url: str) -> bool:

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from torch._dynamo.utils import counters
 
 from conftest import assert_same_hypotheses, random_batch, tiny_model
 from ranmt.inference.decode import search
@@ -49,6 +50,8 @@ def test_the_compiled_step_gives_the_eager_hypotheses_in_fp32():
     eager = search(model, src, beam=1, fixed_length=6)
     with bench().compiled_steps():
         compiled = search(model, src, beam=1, fixed_length=6, sync_free=True, cuda_graphs=True)
+        graphs = counters["stats"]["unique_graphs"]
         again = search(model, src, beam=1, fixed_length=6, sync_free=True, cuda_graphs=True)
     assert_same_hypotheses(compiled, eager)
-    assert_same_hypotheses(again, eager)  # a second batch of the same shape: the same graph
+    assert_same_hypotheses(again, eager)
+    assert counters["stats"]["unique_graphs"] == graphs  # a new batch, same shape: no recompile

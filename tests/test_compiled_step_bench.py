@@ -3,6 +3,7 @@ compiled sync-free step gives the eager search's hypotheses (fp32) on a tiny mod
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -16,23 +17,14 @@ from ranmt.inference.quantize import quantize_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench():
+@functools.cache
+def bench():
+    """The script, loaded once (it registers a custom operator, which can happen only once)."""
     spec = importlib.util.spec_from_file_location("compiled_step",
                                                   ROOT / "benchmarks" / "compiled_step.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-_BENCH = None
-
-
-def bench():
-    """The script, loaded once (it registers a custom operator, which can happen only once)."""
-    global _BENCH
-    if _BENCH is None:
-        _BENCH = _bench()
-    return _BENCH
 
 
 def test_opaque_int8_layers_decode_as_the_int8_layers_they_replace():

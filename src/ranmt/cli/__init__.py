@@ -59,15 +59,23 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as err:
         print(f"ranmt {args.command}: error: {err}", file=sys.stderr)
         _exit(2)
+    _leave_torchrun_worker(0)
+
+
+def _leave_torchrun_worker(code: int) -> None:
+    """End a torchrun worker with ``code`` now, skipping interpreter finalization, where
+    gloo's leaked threads can turn the exit into an abort (ranmt.training.distributed);
+    anywhere else, return."""
+    if "WORLD_SIZE" in os.environ:  # torchrun's; a plain command does not import torch here
+        from ranmt.training.distributed import exit_worker, launched_by_torchrun
+
+        if launched_by_torchrun():
+            exit_worker(code)
 
 
 def _exit(code: int) -> None:
-    """Leave with ``code``; a torchrun worker skips interpreter finalization, where gloo's
-    leaked threads can turn the exit into an abort (ranmt.training.distributed)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch is loaded already under torchrun
-        from ranmt.training.distributed import exit_worker
-
-        exit_worker(code)
+    """Leave with ``code`` (a torchrun worker without interpreter finalization)."""
+    _leave_torchrun_worker(code)
     sys.exit(code)
 
 

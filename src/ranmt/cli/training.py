@@ -20,15 +20,12 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train(args) -> None:
     from ranmt.config import load_config
-    from ranmt.training.distributed import exit_worker, launched_by_torchrun
     from ranmt.training.train import train
 
     cfg = load_config(args.config, args.overrides)
     summary = train(cfg, args.data, args.out)
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 reports
         print(json.dumps(summary))
-    if launched_by_torchrun():  # gloo's leaked threads can abort interpreter finalization
-        exit_worker(0)
 
 
 def _args_experiment(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ trainer joins a process group (NCCL when CUDA is used, gloo on CPU) and wraps th
 ``DistributedDataParallel``. Without those variables everything here is a no-op, so the
 single-process path is unchanged.
 
-``ranmt train`` ends a torchrun worker with :func:`exit_worker`, not by returning to the
+The ``ranmt`` command line ends a torchrun worker with :func:`exit_worker`, not by returning to the
 interpreter: after ``destroy_process_group`` the gloo threads of a group that DDP wrapped stay
 alive (a leak in PyTorch, checked on 2.13: ``DistributedDataParallel`` keeps the group's
 threads running whatever is deleted), and one of them that drops the last reference to a

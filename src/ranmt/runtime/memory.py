@@ -1,5 +1,5 @@
 """CPU memory for training and decoding: keep freed heap memory for reuse instead of
-returning it at once.
+returning it at once, and keep oneDNN's cache of compiled bf16 products small.
 
 A training step allocates and frees the same large tensors every step (activations, the
 (tokens x vocabulary) logits and their gradient: ~120 MB each for a 160 x 24 batch and an
@@ -19,16 +19,33 @@ vocabulary), and profiling bf16 decoding put ~45% of the time in the cast and th
 log-softmax, nearly all of it page faults. ``Translator.load`` on a CPU therefore applies
 :func:`retain_freed_memory` too (measured: bf16 decoding 1.13x, int8 1.29x, fp32 1.09x faster
 at fixed length 30, batch 100, beam 4; docs/PERFORMANCE.md).
+
+bf16 training holds a second, larger store: oneDNN, which runs CPU autocast's bf16 matrix
+products, caches one compiled primitive per product *shape* (1,024 by default, ~2 MB each),
+and bucketed batches of varying length make a few hundred new shapes every 40 steps. The
+students grid's process grew to 8 GiB that way. :func:`cap_onednn_primitive_cache` keeps 16
+(measured: 0.59x the peak resident memory of 300 student steps, same losses, same speed;
+docs/PERFORMANCE.md "bf16 on a CPU"); ``ranmt train`` and ``ranmt experiment`` call it first
+thing and the trainer calls it for a CPU run.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 _applied = False
+
+ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+"""The environment variables oneDNN reads its primitive-cache capacity from (new name, old)."""
+
+TRAINING_PRIMITIVE_CACHE = 16
+"""The capacity ranmt sets for training: 40 steps of the ``student`` preset create 737
+distinct primitives with any capacity, re-create 439 more with 16 and 411 more with 64 (each a
+fraction of a millisecond beside a ~0.8 s step), so a larger cache buys little but memory."""
 
 
 def retain_freed_memory() -> bool:
@@ -62,3 +79,15 @@ def freeze_startup_heap() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def cap_onednn_primitive_cache(capacity: int = TRAINING_PRIMITIVE_CACHE) -> bool:
+    """Set oneDNN's primitive-cache capacity to ``capacity`` unless the environment names one
+    (the user's value wins; set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` for oneDNN's own
+    default). oneDNN reads the variable once, when the process creates its first primitive:
+    checked with oneDNN's verbose log, a value set after ``import torch`` takes effect, one set
+    after the first bf16 product does not. True when this call set it."""
+    if any(name in os.environ for name in ONEDNN_CACHE_VARIABLES):
+        return False
+    os.environ[ONEDNN_CACHE_VARIABLES[0]] = str(capacity)
+    return True

@@ -64,7 +64,7 @@ from ranmt.evaluate import score
 from ranmt.inference.translator import Translator
 from ranmt.model import build_model, count_parameters
 from ranmt.runtime.dropout import fast_masks
-from ranmt.runtime.memory import retain_freed_memory
+from ranmt.runtime.memory import cap_onednn_primitive_cache, retain_freed_memory
 from ranmt.runtime.precision import PrecisionPolicy, legacy_precision
 from ranmt.training.deferred import DeviceTally
 from ranmt.training.distributed import (
@@ -272,6 +272,7 @@ class TrainingRun:
             torch.set_num_threads(self.t.threads)
         if self.device.type == "cpu":
             retain_freed_memory()  # no page faults on every step's large buffers (memory.py)
+            cap_onednn_primitive_cache()  # bf16: 16 cached primitives, not 1,024 (memory.py)
         torch.manual_seed(self.t.seed)
 
     def _setup_model_and_optimizer(self) -> None:

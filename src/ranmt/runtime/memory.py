@@ -44,8 +44,8 @@ ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CAC
 
 TRAINING_PRIMITIVE_CACHE = 16
 """The capacity ranmt sets for training: 40 steps of the ``student`` preset create 737
-distinct primitives with any capacity, re-create 439 more with 16 and 411 more with 64 (each a
-fraction of a millisecond beside a ~0.8 s step), so a larger cache buys little but memory."""
+distinct primitives with any capacity, re-create 439 more with 16 and 411 more with 64 (~10 ms
+a step more with 16, ~1% of a ~0.8 s step), so a larger cache buys little but memory."""
 
 
 def retain_freed_memory() -> bool:

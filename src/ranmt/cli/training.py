@@ -8,6 +8,7 @@ import json
 import os
 
 from ranmt.cli.common import Command, info
+from ranmt.runtime.memory import cap_onednn_primitive_cache  # torch-free: no import cost here
 
 
 def _args_train(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_train(args) -> None:
-    _cap_onednn_cache()
+    cap_onednn_primitive_cache()  # before torch runs anything (ranmt.runtime.memory)
     from ranmt.config import load_config
     from ranmt.training.train import train
 
@@ -85,16 +86,8 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                          help="wait for the jobs and report each cell's outcome")
 
 
-def _cap_onednn_cache() -> None:
-    """Before torch runs anything: oneDNN keeps 16 bf16 primitives, not 1,024 (about 0.6x a
-    bf16 CPU training's memory; ranmt.runtime.memory), unless the environment says otherwise."""
-    from ranmt.runtime.memory import cap_onednn_primitive_cache
-
-    cap_onednn_primitive_cache()
-
-
 def _cmd_experiment(args) -> None:
-    _cap_onednn_cache()
+    cap_onednn_primitive_cache()  # before torch runs anything (ranmt.runtime.memory)
     from ranmt.experiment import plan_experiment, run_experiment
 
     if args.dry_run:

@@ -1,0 +1,187 @@
+"""How long do a grid's systems write, and what does a length penalty chosen on valid change?
+
+Two parts, both over a finished ``ranmt experiment`` grid (``OUT/runs/DATASET/VARIANT/seedN``):
+
+1. **Output lengths** (needs only the committed hypotheses): for every cell and decoding
+   (``TEST.hyp`` is the grid's beam, ``TEST.NAME.hyp`` its ``also_decode`` entries), the
+   ratio of hypothesis to reference words as sacreBLEU counts them for BLEU (13a tokens;
+   BLEU's brevity penalty is ``exp(1 - 1/ratio)`` below 1), mean over seeds.
+2. **Length penalty on valid** (needs the cells' checkpoints, ``WORK/OUT-NAME/runs/...``):
+   each checkpoint decodes the valid split with every ``--lenpens`` exponent (the grid's
+   beam and penalty style otherwise), keeps the exponent of the best valid SacreBLEU, and
+   decodes the test sets with it: SacreBLEU, chrF, TER and length ratio beside the grid's
+   own numbers (cell.json). Nothing is chosen on a test set.
+
+    python scripts/length_penalty.py docs/results/multi30k_students \\
+        --work ~/ranmt-work/multi30k_students --out docs/results/multi30k_students/length
+
+writes ``OUT/lengths.md``/``.json`` (part 1) and ``OUT/lenpen.md``/``.json`` with the chosen
+exponent's test hypotheses in ``OUT/DATASET/VARIANT/seedN/`` (part 2; skipped with
+``--lengths-only``). References are the cells' prepared
+data (``config.data.dir`` of each cell.json, read from the repository root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+
+
+def _cells(grid: Path) -> list[tuple[str, str, int, Path, dict]]:
+    """(dataset, variant, seed, cell folder, cell.json) of every finished cell."""
+    found = []
+    for cell_json in sorted(grid.glob("runs/*/*/seed*/cell.json")):
+        cell = json.loads(cell_json.read_text())
+        found.append((cell["dataset"], cell["variant"], int(cell["seed"]), cell_json.parent,
+                      cell))
+    return found
+
+
+def _references(cell: dict, split: str) -> list[str]:
+    path = Path(cell["config"]["data"]["dir"]) / f"{split}.tgt.txt"
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _length_ratio(hyps: list[str], refs: list[str]) -> tuple[float, float]:
+    """(hypothesis/reference 13a words, SacreBLEU)."""
+    bleu = BLEU().corpus_score(hyps, [refs])
+    return bleu.sys_len / bleu.ref_len, bleu.score
+
+
+def output_lengths(grid: Path) -> dict:
+    """{dataset: {variant: {decoding: {test: {"per_seed": {seed: ratio}, "mean": ratio}}}}}."""
+    table: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    for dataset, variant, seed, folder, cell in _cells(grid):
+        for test in cell["tests"]:
+            refs = _references(cell, test)
+            for hyp_file in sorted(folder.glob(f"{test}*.hyp")):
+                decoding = hyp_file.name[len(test) + 1:-len(".hyp")] or "beam"
+                hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+                ratio, _ = _length_ratio(hyps, refs)
+                entry = table[dataset][variant][decoding].setdefault(test, {"per_seed": {}})
+                entry["per_seed"][seed] = round(ratio, 4)
+    for variants in table.values():
+        for decodings in variants.values():
+            for tests in decodings.values():
+                for entry in tests.values():
+                    entry["mean"] = round(statistics.mean(entry["per_seed"].values()), 4)
+    return json.loads(json.dumps(table))
+
+
+def lengths_markdown(table: dict, decodings=("beam", "greedy", "deployed")) -> str:
+    tests = sorted({t for v in table.values() for d in v.values() for x in d.values() for t in x})
+    lines = ["| dataset | variant | seeds | " + " | ".join(
+        f"{d} {t}" for d in decodings for t in tests) + " |",
+        "|---|---|---|" + "---:|" * (len(decodings) * len(tests))]
+    for dataset, variants in table.items():
+        for variant, by_decoding in variants.items():
+            seeds = len(by_decoding["beam"][tests[0]]["per_seed"])
+            cells = [f"{by_decoding[d][t]['mean']:.3f}" if d in by_decoding else "-"
+                     for d in decodings for t in tests]
+            lines.append(f"| {dataset} | {variant} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _decode_and_score(checkpoint: Path, cell: dict, split: str, lenpen: float,
+                      hyp_file: Path | None = None) -> dict:
+    from ranmt.evaluate import score
+    from ranmt.inference.translator import Translator
+
+    translator = Translator.load(checkpoint, device="cpu", lenpen=lenpen)
+    data = Path(cell["config"]["data"]["dir"])
+    sources = (data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()
+    refs = _references(cell, split)
+    started = time.perf_counter()
+    hyps = translator.translate(sources)
+    seconds = time.perf_counter() - started
+    if hyp_file is not None:
+        hyp_file.parent.mkdir(parents=True, exist_ok=True)
+        hyp_file.write_text("".join(line + "\n" for line in hyps), encoding="utf-8")
+    tgt_lang = json.loads((data / "meta.json").read_text()).get("tgt_lang", "")
+    result = score(hyps, refs, ("bleu", "chrf", "ter"), tgt_lang)
+    ratio, _ = _length_ratio(hyps, refs)
+    return {"bleu": round(result["bleu"], 2), "chrf": round(result["chrf"], 2),
+            "ter": round(result["ter"], 2), "ratio": round(ratio, 4),
+            "seconds": round(seconds, 1)}
+
+
+def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path) -> list[dict]:
+    """One row per cell whose checkpoint is under ``work``: valid BLEU per exponent, the
+    chosen exponent, and the tests at it beside the grid's own scores (their hypotheses in
+    ``out/DATASET/VARIANT/seedN/TEST.hyp``, for ``ranmt score``'s paired bootstrap)."""
+    rows = []
+    for dataset, variant, seed, _, cell in _cells(grid):
+        run = work / "runs" / dataset / variant / f"seed{seed}" / "run"
+        if not (run / "best").exists():
+            continue
+        valid = {lp: _decode_and_score(run, cell, "valid", lp) for lp in lenpens}
+        chosen = max(lenpens, key=lambda lp: (valid[lp]["bleu"], -abs(lp - lenpens[0])))
+        tests = {test: {"grid": {m: cell["tests"][test][m] for m in ("bleu", "chrf", "ter")},
+                        "chosen": _decode_and_score(
+                            run, cell, test, chosen,
+                            out / dataset / variant / f"seed{seed}" / f"{test}.hyp")}
+                 for test in cell["tests"]}
+        rows.append({"dataset": dataset, "variant": variant, "seed": seed,
+                     "grid_lenpen": cell["config"]["decode"]["lenpen"],
+                     "valid": {str(lp): v for lp, v in valid.items()},
+                     "chosen_lenpen": chosen, "tests": tests})
+        print(f"{dataset} {variant} seed {seed}: valid "
+              + ", ".join(f"{lp}: {v['bleu']:.2f} ({v['ratio']:.3f})" for lp, v in valid.items())
+              + f" -> {chosen}", file=sys.stderr)
+    return rows
+
+
+def lenpen_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "no checkpoints found\n"
+    tests = list(rows[0]["tests"])
+    lenpens = list(rows[0]["valid"])
+    head = ("| dataset | variant | seed | " + " | ".join(f"valid {lp}" for lp in lenpens)
+            + " | chosen | " + " | ".join(f"{t} BLEU (grid → chosen)" for t in tests)
+            + " | " + " | ".join(f"{t} TER (grid → chosen)" for t in tests)
+            + " | " + " | ".join(f"{t} ratio" for t in tests) + " |")
+    lines = [head, "|---|---|---:|" + "---:|" * (len(lenpens) + 1 + 3 * len(tests))]
+    for row in rows:
+        valid = " | ".join(f"{row['valid'][lp]['bleu']:.2f} ({row['valid'][lp]['ratio']:.3f})"
+                           for lp in lenpens)
+        bleu = " | ".join(f"{row['tests'][t]['grid']['bleu']:.2f} → "
+                          f"{row['tests'][t]['chosen']['bleu']:.2f}" for t in tests)
+        ter = " | ".join(f"{row['tests'][t]['grid']['ter']:.2f} → "
+                         f"{row['tests'][t]['chosen']['ter']:.2f}" for t in tests)
+        ratio = " | ".join(f"{row['tests'][t]['chosen']['ratio']:.3f}" for t in tests)
+        lines.append(f"| {row['dataset']} | {row['variant']} | {row['seed']} | {valid} | "
+                     f"{row['chosen_lenpen']} | {bleu} | {ter} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("grid", type=Path, help="a grid's output folder (runs/ inside)")
+    parser.add_argument("--work", type=Path, help="the grid's work folder (checkpoints)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the tables")
+    parser.add_argument("--lenpens", type=float, nargs="+", default=[0.6, 1.0, 1.5, 2.0],
+                        help="GNMT exponents tried on valid; the first is the grid's")
+    parser.add_argument("--lengths-only", action="store_true", help="skip part 2")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = output_lengths(args.grid)
+    (args.out / "lengths.json").write_text(json.dumps(table, indent=1) + "\n")
+    (args.out / "lengths.md").write_text(lengths_markdown(table))
+    print(lengths_markdown(table))
+    if args.lengths_only or args.work is None:
+        return
+    rows = valid_chosen_lenpen(args.grid, args.work, args.lenpens, args.out)
+    (args.out / "lenpen.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (args.out / "lenpen.md").write_text(lenpen_markdown(rows))
+    print(lenpen_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import shutil
@@ -60,6 +61,16 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"skipped under CI=true (only missing CUDA or native bf16 may skip): "
                            f"{reason}")
+
+
+def load_script(relative_path: str):
+    """A script of the checkout (``benchmarks/...py``, ``scripts/...py``) imported as a module
+    for its tests."""
+    path = Path(__file__).resolve().parents[1] / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_config(**overrides):

@@ -4,27 +4,19 @@ compiled sync-free step gives the eager search's hypotheses (fp32) on a tiny mod
 from __future__ import annotations
 
 import functools
-import importlib.util
-from pathlib import Path
 
 import pytest
 from torch._dynamo.utils import counters
 
-from conftest import assert_same_hypotheses, random_batch, tiny_model
+from conftest import assert_same_hypotheses, load_script, random_batch, tiny_model
 from ranmt.inference.decode import search
 from ranmt.inference.quantize import quantize_model
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @functools.cache
 def bench():
     """The script, loaded once (it registers a custom operator, which can happen only once)."""
-    spec = importlib.util.spec_from_file_location("compiled_step",
-                                                  ROOT / "benchmarks" / "compiled_step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/compiled_step.py")
 
 
 def test_opaque_int8_layers_decode_as_the_int8_layers_they_replace():

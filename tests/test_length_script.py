@@ -4,22 +4,17 @@ grid's own; the test hypotheses written score as reported)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from sacrebleu.metrics import BLEU
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("length_penalty",
-                                                  ROOT / "scripts" / "length_penalty.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/length_penalty.py")
 
 
 def _write_cell(grid: Path, dataset: str, variant: str, seed: int, data: Path,

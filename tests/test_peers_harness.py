@@ -4,14 +4,13 @@ TransF with the same settings, so their outputs agree and the ratios compare lik
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import load_script, tiny_config
 from ranmt.checkpoint import save_checkpoint
 from ranmt.data.corpus import load_meta
 from ranmt.model import build_model
@@ -20,14 +19,10 @@ from ranmt.runtime.precision import cpu_bf16_support
 pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _peers():
-    spec = importlib.util.spec_from_file_location("peers", ROOT / "benchmarks" / "peers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/peers.py")
 
 
 def _tiny_post_norm_checkpoint(reverse_data, path):

@@ -27,11 +27,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
-from sacrebleu.metrics import BLEU
+from ranmt.evaluate import score
 
 
 def _cells(grid: Path) -> list[tuple[str, str, int, Path, dict]]:
@@ -49,12 +48,6 @@ def _references(cell: dict, split: str) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def _length_ratio(hyps: list[str], refs: list[str], tgt_lang: str = "") -> tuple[float, float]:
-    """(hypothesis/reference 13a words, SacreBLEU)."""
-    bleu = BLEU(trg_lang=tgt_lang).corpus_score(hyps, [refs])
-    return bleu.sys_len / bleu.ref_len, bleu.score
-
-
 def output_lengths(grid: Path) -> dict:
     """{dataset: {variant: {decoding: {test: {"per_seed": {seed: ratio}, "mean": ratio}}}}}."""
     table: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
@@ -64,9 +57,9 @@ def output_lengths(grid: Path) -> dict:
             for hyp_file in sorted(folder.glob(f"{test}*.hyp")):
                 decoding = hyp_file.name[len(test) + 1:-len(".hyp")] or "beam"
                 hyps = hyp_file.read_text(encoding="utf-8").splitlines()
-                ratio, _ = _length_ratio(hyps, refs)
+                ratio = score(hyps, refs, ("bleu",), length_ratio=True)["length_ratio"]
                 entry = table[dataset][variant][decoding].setdefault(test, {"per_seed": {}})
-                entry["per_seed"][seed] = round(ratio, 4)
+                entry["per_seed"][seed] = ratio
     for variants in table.values():
         for decodings in variants.values():
             for tests in decodings.values():
@@ -89,52 +82,57 @@ def lengths_markdown(table: dict, decodings=("beam", "greedy", "deployed")) -> s
     return "\n".join(lines) + "\n"
 
 
-def _decode_and_score(checkpoint: Path, cell: dict, split: str, lenpen: float,
-                      hyp_file: Path | None = None) -> dict:
-    from ranmt.evaluate import score
-    from ranmt.inference.translator import Translator
+def _rounded(row: dict) -> dict:
+    """A decode's scores as the tables show them."""
+    return {"bleu": round(row["bleu"], 2), "chrf": round(row["chrf"], 2),
+            "ter": round(row["ter"], 2), "ratio": round(row["length_ratio"], 4),
+            "seconds": round(row["seconds"], 1)}
 
-    translator = Translator.load(checkpoint, device="cpu", lenpen=lenpen)
+
+def _split_text(cell: dict, split: str) -> tuple[list[str], list[str], str]:
+    """(sources, references, target language) of a cell's prepared ``split``."""
     data = Path(cell["config"]["data"]["dir"])
     sources = (data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()
-    refs = _references(cell, split)
-    started = time.perf_counter()
-    hyps = translator.translate(sources)
-    seconds = time.perf_counter() - started
-    if hyp_file is not None:
-        hyp_file.parent.mkdir(parents=True, exist_ok=True)
-        hyp_file.write_text("".join(line + "\n" for line in hyps), encoding="utf-8")
     tgt_lang = json.loads((data / "meta.json").read_text()).get("tgt_lang", "")
-    result = score(hyps, refs, ("chrf", "ter"), tgt_lang)
-    ratio, bleu = _length_ratio(hyps, refs, tgt_lang)  # BLEU and its length ratio at once
-    return {"bleu": round(bleu, 2), "chrf": round(result["chrf"], 2),
-            "ter": round(result["ter"], 2), "ratio": round(ratio, 4),
-            "seconds": round(seconds, 1)}
+    return sources, _references(cell, split), tgt_lang
 
 
 def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path) -> list[dict]:
     """One row per cell whose checkpoint is under ``work``: valid BLEU per exponent, the
-    chosen exponent, and the tests at it beside the grid's own scores (their hypotheses in
-    ``out/DATASET/VARIANT/seedN/TEST.hyp``, for ``ranmt score``'s paired bootstrap)."""
+    chosen exponent (:func:`ranmt.inference.sweep.sweep`: best valid SacreBLEU at two
+    decimals, ties to the exponent listed first), and the tests at it beside the grid's own
+    scores (their hypotheses in ``out/DATASET/VARIANT/seedN/TEST.hyp``, for ``ranmt
+    score``'s paired bootstrap)."""
+    from ranmt.inference.sweep import sweep
+    from ranmt.inference.translator import Translator
+
+    metrics = ["bleu", "chrf", "ter"]
     rows = []
     for dataset, variant, seed, _, cell in _cells(grid):
         run = work / "runs" / dataset / variant / f"seed{seed}" / "run"
         if not (run / "best").exists():
             continue
-        valid = {lp: _decode_and_score(run, cell, "valid", lp) for lp in lenpens}
-        chosen = max(lenpens, key=lambda lp: (valid[lp]["bleu"], -abs(lp - lenpens[0])))
-        tests = {test: {"grid": {m: cell["tests"][test][m] for m in ("bleu", "chrf", "ter")},
-                        "chosen": _decode_and_score(
-                            run, cell, test, chosen,
-                            out / dataset / variant / f"seed{seed}" / f"{test}.hyp")}
-                 for test in cell["tests"]}
+        translator = Translator.load(run, device="cpu")
+        valid = sweep(translator, *_split_text(cell, "valid")[:2], "lenpen", lenpens, metrics,
+                      _split_text(cell, "valid")[2])
+        chosen = valid["best"]
+        tests = {}
+        for test in cell["tests"]:
+            hyp_file = out / dataset / variant / f"seed{seed}" / f"{test}.hyp"
+            sources, refs, tgt_lang = _split_text(cell, test)
+            at_chosen = sweep(translator, sources, refs, "lenpen", [chosen], metrics, tgt_lang)
+            hyp_file.parent.mkdir(parents=True, exist_ok=True)
+            hyp_file.write_text("".join(line + "\n" for line in at_chosen["hypotheses"][chosen]),
+                                encoding="utf-8")
+            tests[test] = {"grid": {m: cell["tests"][test][m] for m in metrics},
+                           "chosen": _rounded(at_chosen["rows"][0])}
         rows.append({"dataset": dataset, "variant": variant, "seed": seed,
                      "grid_lenpen": cell["config"]["decode"]["lenpen"],
-                     "valid": {str(lp): v for lp, v in valid.items()},
+                     "valid": {str(row["value"]): _rounded(row) for row in valid["rows"]},
                      "chosen_lenpen": chosen, "tests": tests})
         print(f"{dataset} {variant} seed {seed}: valid "
-              + ", ".join(f"{lp}: {v['bleu']:.2f} ({v['ratio']:.3f})" for lp, v in valid.items())
-              + f" -> {chosen}", file=sys.stderr)
+              + ", ".join(f"{row['value']}: {row['bleu']:.2f} ({row['length_ratio']:.3f})"
+                          for row in valid["rows"]) + f" -> {chosen}", file=sys.stderr)
     return rows
 
 

@@ -118,8 +118,12 @@ def rouge(hyps: list[str], refs: list[str], kinds=("rouge1", "rouge2", "rougeL")
 
 
 def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
-          tgt_lang: str = "", compound_split: bool = False) -> dict:
-    """``{"bleu": 31.2, "chrf": ..., "signature": {"bleu": "nrefs:1|..."}}``."""
+          tgt_lang: str = "", compound_split: bool = False, length_ratio: bool = False
+          ) -> dict:
+    """``{"bleu": 31.2, "chrf": ..., "signature": {"bleu": "nrefs:1|..."}}``.
+
+    ``length_ratio``: also ``"length_ratio"``, hypothesis over reference words as BLEU's
+    brevity penalty counts them (``bleu``'s tokenization; BP = exp(1 - 1/ratio) below 1)."""
     if len(hyps) != len(refs):
         raise ScoreError(f"hypothesis has {len(hyps)} lines, reference has {len(refs)}")
     if not refs:
@@ -140,10 +144,16 @@ def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
             value, signature = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
         else:
             metric = _sacrebleu_metric(name, tgt_lang)
-            value = float(metric.corpus_score(hyps, [refs]).score)
+            corpus = metric.corpus_score(hyps, [refs])
+            value = float(corpus.score)
             signature = str(metric.get_signature())
+            if name == "bleu" and length_ratio:
+                result["length_ratio"] = round(corpus.sys_len / max(corpus.ref_len, 1), 4)
         result[name] = round(value, 4)
         result["signature"][name] = signature
+    if length_ratio and "length_ratio" not in result:
+        result["length_ratio"] = score(hyps, refs, ("bleu",), tgt_lang,
+                                       length_ratio=True)["length_ratio"]
     return result
 
 

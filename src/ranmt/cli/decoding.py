@@ -12,8 +12,10 @@ from ranmt.cli.common import (
     Command,
     add_decode_flag,
     chosen_metrics,
+    decode_flag,
     decode_flag_names,
     decode_options,
+    info,
     load_translator,
     metric_options,
     print_scores,
@@ -186,8 +188,57 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="prepared-data directory")
     p.add_argument("--split", default="test", help="split name (see meta.json)")
     metric_options(p)
+    p.add_argument("--sweep", metavar="FIELD=V1,V2,...",
+                   help="decode the split once per value of a search option (beam, lenpen, "
+                        "max_len_a, max_len_b), score each and report the best by --select "
+                        "(e.g. --sweep lenpen=0.6,1,1.5,2 --split valid: choose on valid, "
+                        "never on a test set); --output gets the best value's translations "
+                        "(ranmt.inference.sweep)")
+    p.add_argument("--select", metavar="METRIC",
+                   help="--sweep: the metric that chooses (default: the first of --metrics; "
+                        "TER is lower-better); ties at two decimals go to the value listed "
+                        "first")
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _checked_sweep(args) -> tuple[str, list] | None:
+    """``--sweep``'s (field, values), checked before a model is loaded; None without it."""
+    from ranmt.inference.sweep import parse_sweep
+
+    if not args.sweep:
+        if args.select:
+            raise ValueError("--select goes with --sweep")
+        return None
+    name, values = parse_sweep(args.sweep)
+    if getattr(args, name, None) is not None:
+        raise ValueError(f"{decode_flag(name)} and --sweep {name}=... both set {name}: "
+                         "give one")
+    if args.select and args.select not in chosen_metrics(args):
+        raise ValueError(f"--select {args.select} is not among the metrics "
+                         f"{chosen_metrics(args)}")
+    return name, values
+
+
+def _evaluate_sweep(args, name, values, translator, sources, refs, tgt_lang) -> None:
+    """``ranmt evaluate --sweep``: one decode per value, the table, the best value."""
+    from ranmt.data.text import write_lines
+    from ranmt.inference.sweep import public_result, sweep, sweep_table
+
+    metrics = chosen_metrics(args)
+    result = sweep(translator, sources, refs, name, values, metrics, tgt_lang, args.select,
+                   log=None if args.json else info)
+    if args.output:
+        write_lines(args.output, result["hypotheses"][result["best"]])
+    best = next(row for row in result["rows"] if row["value"] == result["best"])
+    if args.json:
+        print(json.dumps({"split": args.split, "sentences": len(sources),
+                          "checkpoint": str(translator.checkpoint_dir),
+                          "sweep": public_result(result)}))
+        return
+    print(sweep_table(result, metrics))
+    print(f"best on {args.split}: {name}={result['best']:g} ({result['select']} "
+          f"{best[result['select']]:.2f}, length ratio {best['length_ratio']:.3f})")
 
 
 def _cmd_evaluate(args) -> None:
@@ -195,9 +246,13 @@ def _cmd_evaluate(args) -> None:
     from ranmt.data.text import write_lines
     from ranmt.evaluate import score
 
+    swept = _checked_sweep(args)
     translator = load_translator(args)
     meta = load_meta(args.data)
     sources, refs = raw_text(args.data, args.split, "src"), raw_text(args.data, args.split, "tgt")
+    if swept is not None:
+        _evaluate_sweep(args, *swept, translator, sources, refs, meta.get("tgt_lang", ""))
+        return
     hyps = translator.translate(sources)
     if args.output:
         write_lines(args.output, hyps)

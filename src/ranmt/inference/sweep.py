@@ -1,0 +1,127 @@
+"""Choosing a decoding option on a held-out split: decode with each value, score, keep the best.
+
+A length penalty (or a beam size, or an output length limit) is a choice made on valid data,
+never on a test set: with beam 4 and the GNMT exponent 0.6 that papers use, a model trained
+on short targets (a distilled corpus) writes ~8% shorter than its references and BLEU's
+brevity penalty costs it about a point (docs/RESULTS.md, "Why the distilled students write
+short"). :func:`sweep` is that choice as one call (``ranmt evaluate --sweep lenpen=...``):
+
+* every value of one numeric search field of :class:`~ranmt.config.DecodeConfig` (``beam``,
+  ``lenpen``, ``max_len_a``, ``max_len_b``) decodes the split once, everything else as the
+  translator's settings say;
+* each decode is scored with the requested metrics plus the hypothesis/reference length
+  ratio (13a words, as BLEU's brevity penalty counts them) and timed;
+* the best value is the one with the best selection metric (the first metric unless
+  ``select`` says otherwise; TER is lower-better), compared at the precision tables show it
+  (two decimals): values that tie there go to the one listed first, so a list that starts
+  with the current setting keeps it unless another value is visibly better.
+
+The translator's own settings are left as they were.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+from collections.abc import Callable
+
+from ranmt.config import ConfigError, DecodeConfig, decode_fields, decode_with
+from ranmt.evaluate import score
+
+LOWER_IS_BETTER = frozenset({"ter"})
+"""Metrics where the smaller score is the better one."""
+SELECTION_DECIMALS = 2
+"""Scores are compared at this precision (what tables show); ties go to the earlier value."""
+
+
+def sweepable_fields() -> tuple[str, ...]:
+    """The numeric search fields of DecodeConfig, except the batch size (it does not change
+    the outputs): what ``--sweep`` accepts."""
+    hints = typing.get_type_hints(DecodeConfig)
+    return tuple(f.name for f in decode_fields("search")
+                 if hints[f.name] in (int, float) and f.name != "batch_size")
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """``"lenpen=0.6,1,2"`` -> ``("lenpen", [0.6, 1.0, 2.0])``, values of the field's type,
+    each within its declared bounds; ConfigError (naming the choices) otherwise."""
+    name, sep, listed = text.partition("=")
+    name = name.strip().replace("-", "_")
+    choices = sweepable_fields()
+    if not sep or name not in choices:
+        raise ConfigError(f"--sweep takes FIELD=V1,V2,... with FIELD one of {list(choices)}, "
+                          f"not '{text}'")
+    kind = typing.get_type_hints(DecodeConfig)[name]
+    values = []
+    for item in listed.split(","):
+        item = item.strip()
+        try:
+            value = kind(item) if kind is float else int(item)
+        except ValueError:
+            wanted = "an integer" if kind is int else "a number"
+            raise ConfigError(f"--sweep {name}: '{item}' is not {wanted}") from None
+        values.append(value)
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--sweep {name}: a value is listed twice ({listed})")
+    for value in values:
+        decode_with(DecodeConfig(), **{name: value})  # bounds and cross-field checks
+    return name, values
+
+
+def is_better(metric: str, candidate: float, best: float) -> bool:
+    """Whether ``candidate`` beats ``best`` at :data:`SELECTION_DECIMALS` (a tie does not)."""
+    candidate, best = round(candidate, SELECTION_DECIMALS), round(best, SELECTION_DECIMALS)
+    return candidate < best if metric in LOWER_IS_BETTER else candidate > best
+
+
+def sweep(translator, sources: list[str], references: list[str], name: str, values: list,
+          metrics: list[str], tgt_lang: str = "", select: str | None = None,
+          log: Callable[[str], None] | None = None) -> dict:
+    """Decode ``sources`` with each of ``values`` for DecodeConfig field ``name``; score.
+
+    Returns ``{"field", "select", "best", "rows": [{"value", <metric>..., "length_ratio",
+    "seconds"}], "hypotheses": {value: [line, ...]}}`` (``best``: the chosen value; rows in
+    the order given). ``log`` gets one line per value as it is decoded.
+    """
+    select = select or metrics[0]
+    if select not in metrics:
+        raise ConfigError(f"the selection metric {select} is not among the metrics {metrics}")
+    kept = translator.decode_config
+    rows, hypotheses, best = [], {}, None
+    try:
+        for value in values:
+            translator.decode_config = decode_with(kept, **{name: value})
+            started = time.perf_counter()
+            hyps = translator.translate(sources)
+            seconds = time.perf_counter() - started
+            result = score(hyps, references, metrics, tgt_lang, length_ratio=True)
+            row = {"value": value, **{m: result[m] for m in metrics},
+                   "length_ratio": result["length_ratio"], "seconds": round(seconds, 2)}
+            rows.append(row)
+            hypotheses[value] = hyps
+            if best is None or is_better(select, row[select], best[select]):
+                best = row
+            if log is not None:
+                log(f"{name}={value}: " + ", ".join(f"{m} {row[m]:.2f}" for m in metrics)
+                    + f", length ratio {row['length_ratio']:.3f} ({seconds:.1f} s)")
+    finally:
+        translator.decode_config = kept
+    return {"field": name, "select": select, "best": best["value"], "rows": rows,
+            "hypotheses": hypotheses}
+
+
+def sweep_table(result: dict, metrics: list[str]) -> str:
+    """The sweep as aligned text: one row per value, the chosen one marked ``*``."""
+    head = [result["field"], *metrics, "ratio", "seconds"]
+    lines = ["  ".join(f"{h:>8}" for h in head)]
+    for row in result["rows"]:
+        cells = [f"{row['value']:>8g}", *(f"{row[m]:>8.2f}" for m in metrics),
+                 f"{row['length_ratio']:>8.3f}", f"{row['seconds']:>8.1f}"]
+        mark = " *" if row["value"] == result["best"] else ""
+        lines.append("  ".join(cells) + mark)
+    return "\n".join(lines)
+
+
+def public_result(result: dict) -> dict:
+    """The sweep without its hypotheses (for JSON output)."""
+    return {key: value for key, value in result.items() if key != "hypotheses"}

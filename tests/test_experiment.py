@@ -688,6 +688,33 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
     assert abs(welch["welch_p"] - 0.0213) < 1e-3
 
 
+def _check_valid_sweep(entry: dict, run: Path, data: Path, sources: list[str],
+                       hyp_file: Path) -> None:
+    """An ``also_decode`` sweep: each row is the valid split decoded with that value (the
+    grid's beam 2 and the setting's max_len_b 2), the chosen value is the first of the best
+    BLEU at two decimals, and the test hypotheses are the chosen value's."""
+    from ranmt.data.corpus import raw_text
+    from ranmt.evaluate import score
+    from ranmt.inference.translator import Translator
+
+    valid_src, valid_ref = raw_text(data, "valid", "src"), raw_text(data, "valid", "tgt")
+    bleu = {}
+    for a in (0.0, 0.5):
+        hyps = Translator.load(run, device="cpu", beam=2, max_len_b=2,
+                               max_len_a=a).translate(valid_src)
+        bleu[a] = round(score(hyps, valid_ref, ["bleu"], "")["bleu"], 2)
+    rows = entry["chosen"]["rows"]
+    assert [(row["value"], round(row["bleu"], 2)) for row in rows] == list(bleu.items())
+    expected = 0.5 if bleu[0.5] > bleu[0.0] else 0.0
+    assert entry["chosen"]["value"] == {"max_len_a": expected}
+    assert entry["chosen"]["split"] == "valid" and entry["chosen"]["select"] == "bleu"
+    at = {a: Translator.load(run, device="cpu", beam=2, max_len_b=2,
+                             max_len_a=a).translate(sources) for a in (0.0, 0.5)}
+    unswept = Translator.load(run, device="cpu", beam=2, max_len_b=2).translate(sources)
+    assert at[0.0] != at[0.5] and unswept != at[expected]  # the choice shows in the outputs
+    assert hyp_file.read_text().split("\n")[:-1] == at[expected]
+
+
 def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path, monkeypatch):
     """``also_decode``: a finished cell of a grid that gained the setting later is decoded
     with it without training again; its hypotheses are the translator's with those
@@ -711,14 +738,17 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
         exp / "runs/reverse/TransF/seed1/run"
     assert "also_decode" not in json.loads(cell_file.read_text())
     config["also_decode"] = {"greedy": {"beam": 1},
-                             "short-int8": {"shortlist": True, "quantize": "int8"}}
+                             "short-int8": {"shortlist": True, "quantize": "int8"},
+                             "valid-len": {"sweep": {"max_len_a": [0, 0.5]}, "max_len_b": 2}}
     path.write_text(yaml.safe_dump(config))
     main(["experiment", str(path)])
     assert calls == []  # decoded, not trained again
     cell = json.loads(cell_file.read_text())
-    assert list(cell["also_decode"]) == ["greedy", "short-int8"]
+    assert list(cell["also_decode"]) == ["greedy", "short-int8", "valid-len"]
     data = exp / "data" / "reverse"
     sources, refs = raw_text(data, "test", "src"), raw_text(data, "test", "tgt")
+    _check_valid_sweep(cell["also_decode"]["valid-len"], run, data, sources,
+                       (exp / "runs/reverse/TransF/seed1/test.valid-len.hyp"))
     greedy = Translator.load(run, device="cpu", beam=1).translate(sources)
     assert cell["also_decode"]["greedy"]["tests"]["test"]["bleu"] == pytest.approx(
         score(greedy, refs, ["bleu"], "")["bleu"])
@@ -734,6 +764,9 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     main_bleu = cell["tests"]["test"]["bleu"]
     alt_bleu = cell["also_decode"]["greedy"]["tests"]["test"]["bleu"]
     assert "| TransF | greedy | 1 | " in markdown
+    chosen_a = cell["also_decode"]["valid-len"]["chosen"]["value"]["max_len_a"]
+    assert f"| TransF | valid-len (max_len_a {chosen_a:g}) | 1 | " in markdown
+    assert "sweep: {max_len_a: [0.0, 0.5]}" in markdown
     assert f"{alt_bleu:.2f} ({alt_bleu - main_bleu:+.2f})" in markdown
     # a third run has nothing left to do: cell.json stays as it is
     before = cell_file.stat().st_mtime_ns
@@ -746,6 +779,8 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     write_parallel(tmp_path / "test2", src2, tgt2)
     config["datasets"][0]["tests"]["test2"] = str(tmp_path / "test2")
     path.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(cells_module, "choose_on_valid",
+                        lambda *a: pytest.fail("the value chosen on valid is chosen again"))
     main(["experiment", str(path)])
     assert calls == [] and (data / "train.src.tokens.npy").read_bytes() == train_tokens
     assert raw_text(data, "test2", "src") == src2
@@ -756,7 +791,11 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     assert (exp / "runs/reverse/TransF/seed1/test2.hyp").read_text().split("\n")[:-1] \
         == beam2
     assert [sorted(entry["tests"]) for entry in cell["also_decode"].values()] == \
-        [["test", "test2"]] * 2
+        [["test", "test2"]] * 3
+    swept = Translator.load(run, device="cpu", beam=2, max_len_b=2,
+                            max_len_a=chosen_a).translate(src2)
+    assert (exp / "runs/reverse/TransF/seed1/test2.valid-len.hyp").read_text() \
+        .split("\n")[:-1] == swept
     assert "## reverse — test2" in (exp / "results.md").read_text()
 
 
@@ -922,6 +961,12 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
     ("also_decode", {"x": {}}, "at least one option"),
     ("also_decode", {"x": {"beam": 0}}, "also_decode.x"),
     ("also_decode", {"x": {"quantize": "int8", "precision": "bf16"}}, "alternatives"),
+    ("also_decode", {"x": {"sweep": {"lenpen": []}}}, "no values"),
+    ("also_decode", {"x": {"sweep": {"beam": [0, 2]}}}, r"also_decode.x.sweep beam"),
+    ("also_decode", {"x": {"sweep": {"lenpen": [1.0], "beam": [2]}}}, "maps one of"),
+    ("also_decode", {"x": {"sweep": {"lenpen": 1.0}}}, "maps one of"),
+    ("also_decode", {"x": {"sweep": {"lenpen": [1.0]}, "lenpen": 1.0}}, "both swept"),
+    ("also_decode", {"x": {"sweep": {"topk": [1, 2]}}}, "cannot be swept"),
 ])
 def test_also_decode_and_comparisons_are_checked_when_the_grid_loads(tmp_path, key, value,
                                                                      message):

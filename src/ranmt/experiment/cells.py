@@ -14,15 +14,16 @@ from pathlib import Path
 
 import torch
 
-from ranmt.config import ConfigError, to_dict
+from ranmt.config import ConfigError, decode_with, to_dict
 from ranmt.data.corpus import add_test_splits, load_meta, prepare, raw_text, save_meta
 from ranmt.data.download import download_multi30k
 from ranmt.data.text import write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
-from ranmt.experiment.spec import LOAD_OPTIONS, Cell, Dataset, Experiment
+from ranmt.experiment.spec import LOAD_OPTIONS, SWEEP_KEY, Cell, Dataset, Experiment
 from ranmt.inference.shortlist import SHORTLIST_FILE, build_shortlist, shortlist_beside
+from ranmt.inference.sweep import sweep
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 from ranmt.training.train import train
@@ -306,21 +307,49 @@ def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> list[str]:
         settings = cell.experiment.also_decode[name]
         options = {**cell.experiment.decode, **settings}
         load = {key: options.pop(key) for key in LOAD_OPTIONS if key in options}
+        swept = options.pop(SWEEP_KEY, None)
         missing = missing_tests(cell, result, name)
         log(f"{cell.label}: decoding the test sets {missing} as '{name}' ({settings})")
+        chosen = result.get("also_decode", {}).get(name, {}).get("chosen")
         try:
             if options.get("shortlist"):
                 ensure_shortlist(cell.run_dir, data_dir, log)
             translator = Translator.load(cell.run_dir, **load, **options)
+            if swept and chosen is None:
+                chosen = choose_on_valid(cell, data_dir, translator, swept, log)
+            if chosen is not None:
+                translator.decode_config = decode_with(translator.decode_config,
+                                                       **chosen["value"])
             tests = decode_tests(cell, data_dir, translator, name, only=missing)
         except (ValueError, RuntimeError, OSError) as err:
             log(f"{cell.label}: cannot decode as '{name}' here, left out: {err}")
             continue
         entry = result.setdefault("also_decode", {}).setdefault(
             name, {"settings": settings, "tests": {}})
+        if chosen is not None:
+            entry["chosen"] = chosen
         entry["tests"].update(tests)
         added.append(name)
     return added
+
+
+def choose_on_valid(cell: Cell, data_dir: Path, translator: Translator,
+                    swept: dict[str, list], log) -> dict:
+    """An ``also_decode`` setting's ``sweep: {FIELD: [values]}``: the value of the best
+    score on the dataset's valid split (the task's first metric; ties at two decimals to
+    the value listed first, :func:`ranmt.inference.sweep.sweep`). Returns ``{"value":
+    {FIELD: chosen}, "split": "valid", "select", "rows": [per value: metrics, length
+    ratio, seconds]}`` (cell.json's ``also_decode.NAME.chosen``); nothing of a test set
+    takes part."""
+    (field_name, values), = swept.items()
+    metrics = list(TASK_METRICS[cell.dataset.task])
+    sources, refs = raw_text(data_dir, "valid", "src"), raw_text(data_dir, "valid", "tgt")
+    result = sweep(translator, sources, refs, field_name, values, metrics,
+                   load_meta(data_dir).get("tgt_lang", ""),
+                   log=lambda line: log(f"{cell.label}: valid, {line}"))
+    log(f"{cell.label}: {field_name}={result['best']} chosen on valid")
+    return {"value": {field_name: result["best"]}, "split": "valid",
+            "select": result["select"], "rows": result["rows"]}
 
 
 def ensure_shortlist(run_dir: Path, data_dir: Path, log) -> Path:

@@ -127,7 +127,9 @@ class Experiment:
     """Other decodings of every cell's checkpoint, by name: decoding options over
     ``decode`` and optionally ``quantize`` / ``precision`` / ``device`` (the copy decoded), e.g.
     ``{shortlist: {shortlist: true}, int8: {quantize: int8}}``; each is scored on every
-    test set beside the grid's decode (``cells.decode_also``, cell.json's ``also_decode``)."""
+    test set beside the grid's decode (``cells.decode_also``, cell.json's ``also_decode``).
+    ``sweep: {FIELD: [values]}`` in a setting chooses that field's value per cell on the
+    valid split (``{valid-lenpen: {sweep: {lenpen: [0.6, 1.0, 2.0]}}}``)."""
     comparisons: list[Comparison] = field(default_factory=list)
     """Tables across datasets (``tables.comparison_tables``): distilled against original
     data, students against their teacher."""
@@ -379,13 +381,39 @@ def _check_also_decode(path: Path, decode: dict, raw) -> dict[str, dict]:
                                   f"not one of {list(allowed)}")
         if options.get("precision") == "bf16" and options.get("quantize", "none") != "none":
             raise ConfigError(f"{path}: also_decode.{name}: bf16 and int8 are alternatives")
-        decoding = {k: v for k, v in {**decode, **options}.items() if k not in LOAD_OPTIONS}
+        checked[str(name)] = dict(options)
+        if SWEEP_KEY in options:
+            checked[str(name)][SWEEP_KEY] = _check_sweep(path, name, options)
+        decoding = {k: v for k, v in {**decode, **options}.items()
+                    if k not in LOAD_OPTIONS and k != SWEEP_KEY}
         try:
             decode_with(DecodeConfig(), **decoding)
         except ConfigError as err:
             raise ConfigError(f"{path}: also_decode.{name}: {err}") from None
-        checked[str(name)] = dict(options)
     return checked
+
+
+SWEEP_KEY = "sweep"
+"""An ``also_decode`` setting's key for a value chosen on the valid split:
+``{sweep: {lenpen: [0.6, 1.0, 2.0]}}`` (ranmt.inference.sweep; ``cells.decode_also``)."""
+
+
+def _check_sweep(path: Path, name: str, options: dict) -> dict[str, list]:
+    """``also_decode.NAME.sweep``: one sweepable field mapped to a list of its values, the
+    field not also set by the same setting."""
+    from ranmt.inference.sweep import checked_values, sweepable_fields
+
+    where = f"{path}: also_decode.{name}.{SWEEP_KEY}"
+    raw = options[SWEEP_KEY]
+    if not isinstance(raw, dict) or len(raw) != 1 or not isinstance(
+            next(iter(raw.values())), list):
+        raise ConfigError(f"{where} maps one of {list(sweepable_fields())} to a list of "
+                          "values, e.g. {lenpen: [0.6, 1.0, 2.0]}")
+    (field_name, values), = raw.items()
+    if field_name in options:
+        raise ConfigError(f"{where}: {field_name} is both swept and set to "
+                          f"{options[field_name]!r}; give one")
+    return {field_name: checked_values(field_name, values, where)}
 
 
 def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -> None:

@@ -196,7 +196,8 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
                 entry[metric] = {"per_seed": {str(k): v for k, v in alt.items()},
                                  "per_seed_delta": dict(zip(map(str, main), deltas)),
                                  "significance": comparison}
-            lines.append(f"| {name} | {setting} | {len(runs)} | " + " | ".join(row) + " |")
+            lines.append(f"| {name} | {_setting_label(setting, runs)} | {len(runs)} | "
+                         + " | ".join(row) + " |")
             numbers.setdefault(name, {})[setting] = entry
     if not lines:
         return [], {}
@@ -209,14 +210,35 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
     footer = ["", f"Settings over the grid's decode {_flow(experiment.decode)}: {settings_text}. "
               "(±x): the difference to the grid's decode of the same checkpoint (mean ± std "
               f"of the per-seed differences); † every seed's paired bootstrap has p < "
-              f"{experiment.alpha} in the same direction.", "", ""]
+              f"{experiment.alpha} in the same direction."
+              + (f" sweep: each cell's value chosen on the valid split by {metrics[0]} "
+                 "(per seed in brackets); no test set takes part."
+                 if any("sweep" in options for options in experiment.also_decode.values())
+                 else ""), "", ""]
     return header + lines + footer, numbers
+
+
+def _setting_label(setting: str, runs: list[dict]) -> str:
+    """An ``also_decode`` setting's name, with the values its cells chose on valid (a
+    ``sweep`` setting; per seed): ``valid-lenpen (lenpen 2.0 / 2.5 / 4.0)``."""
+    chosen = [run["also_decode"][setting].get("chosen") for run in runs]
+    if not any(chosen):
+        return setting
+    (field_name, _), = next(c for c in chosen if c)["value"].items()
+    values = " / ".join(f"{c['value'][field_name]:g}" if c else "-" for c in chosen)
+    return f"{setting} ({field_name} {values})"
 
 
 def _flow(options: dict) -> str:
     """Options as a YAML flow mapping, as the experiment file writes them: {beam: 4}."""
-    return "{" + ", ".join(f"{key}: {str(value).lower() if isinstance(value, bool) else value}"
-                           for key, value in options.items()) + "}"
+    def text(value) -> str:
+        if isinstance(value, dict):
+            return _flow(value)
+        if isinstance(value, list):
+            return "[" + ", ".join(text(item) for item in value) + "]"
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return "{" + ", ".join(f"{key}: {text(value)}" for key, value in options.items()) + "}"
 
 
 def _steps_text(cells: list[dict]) -> tuple[str, str]:

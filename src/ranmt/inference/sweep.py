@@ -42,30 +42,42 @@ def sweepable_fields() -> tuple[str, ...]:
                  if hints[f.name] in (int, float) and f.name != "batch_size")
 
 
-def parse_sweep(text: str) -> tuple[str, list]:
-    """``"lenpen=0.6,1,2"`` -> ``("lenpen", [0.6, 1.0, 2.0])``, values of the field's type,
-    each within its declared bounds; ConfigError (naming the choices) otherwise."""
-    name, sep, listed = text.partition("=")
-    name = name.strip().replace("-", "_")
+def checked_values(name: str, values: list, where: str = "--sweep") -> list:
+    """``values`` of sweepable DecodeConfig field ``name`` converted to its type, each within
+    its declared bounds, none twice; ConfigError naming ``where`` otherwise."""
     choices = sweepable_fields()
-    if not sep or name not in choices:
-        raise ConfigError(f"--sweep takes FIELD=V1,V2,... with FIELD one of {list(choices)}, "
-                          f"not '{text}'")
+    if name not in choices:
+        raise ConfigError(f"{where}: '{name}' cannot be swept; choose one of {list(choices)}")
     kind = typing.get_type_hints(DecodeConfig)[name]
-    values = []
-    for item in listed.split(","):
-        item = item.strip()
+    if not values:
+        raise ConfigError(f"{where} {name}: no values")
+    converted = []
+    for item in values:
+        text = str(item).strip()
         try:
-            value = kind(item) if kind is float else int(item)
+            value = float(text) if kind is float else int(text)
         except ValueError:
             wanted = "an integer" if kind is int else "a number"
-            raise ConfigError(f"--sweep {name}: '{item}' is not {wanted}") from None
-        values.append(value)
-    if len(set(values)) != len(values):
-        raise ConfigError(f"--sweep {name}: a value is listed twice ({listed})")
-    for value in values:
-        decode_with(DecodeConfig(), **{name: value})  # bounds and cross-field checks
-    return name, values
+            raise ConfigError(f"{where} {name}: '{text}' is not {wanted}") from None
+        converted.append(value)
+    if len(set(converted)) != len(converted):
+        raise ConfigError(f"{where} {name}: a value is listed twice ({values})")
+    for value in converted:
+        try:
+            decode_with(DecodeConfig(), **{name: value})  # bounds and cross-field checks
+        except ConfigError as err:
+            raise ConfigError(f"{where} {name}: {err}") from None
+    return converted
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """``"lenpen=0.6,1,2"`` -> ``("lenpen", [0.6, 1.0, 2.0])`` (:func:`checked_values`)."""
+    name, sep, listed = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep:
+        raise ConfigError(f"--sweep takes FIELD=V1,V2,... with FIELD one of "
+                          f"{list(sweepable_fields())}, not '{text}'")
+    return name, checked_values(name, listed.split(","))
 
 
 def is_better(metric: str, candidate: float, best: float) -> bool:

@@ -113,25 +113,28 @@ def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path)
         if not (run / "best").exists():
             continue
         translator = Translator.load(run, device="cpu")
-        valid = sweep(translator, *_split_text(cell, "valid")[:2], "lenpen", lenpens, metrics,
-                      _split_text(cell, "valid")[2])
-        chosen = valid["best"]
+        valid = sweep(translator, *_split_text(cell, "valid")[:2], {"lenpen": lenpens},
+                      metrics, _split_text(cell, "valid")[2])
+        chosen = valid["best"]["lenpen"]
         tests = {}
         for test in cell["tests"]:
             hyp_file = out / dataset / variant / f"seed{seed}" / f"{test}.hyp"
             sources, refs, tgt_lang = _split_text(cell, test)
-            at_chosen = sweep(translator, sources, refs, "lenpen", [chosen], metrics, tgt_lang)
+            at_chosen = sweep(translator, sources, refs, {"lenpen": [chosen]}, metrics,
+                              tgt_lang)
             hyp_file.parent.mkdir(parents=True, exist_ok=True)
-            hyp_file.write_text("".join(line + "\n" for line in at_chosen["hypotheses"][chosen]),
+            hyp_file.write_text("".join(line + "\n" for line in at_chosen["hypotheses"][0]),
                                 encoding="utf-8")
             tests[test] = {"grid": {m: cell["tests"][test][m] for m in metrics},
                            "chosen": _rounded(at_chosen["rows"][0])}
         rows.append({"dataset": dataset, "variant": variant, "seed": seed,
                      "grid_lenpen": cell["config"]["decode"]["lenpen"],
-                     "valid": {str(row["value"]): _rounded(row) for row in valid["rows"]},
+                     "valid": {str(row["values"]["lenpen"]): _rounded(row)
+                               for row in valid["rows"]},
                      "chosen_lenpen": chosen, "tests": tests})
         print(f"{dataset} {variant} seed {seed}: valid "
-              + ", ".join(f"{row['value']}: {row['bleu']:.2f} ({row['length_ratio']:.3f})"
+              + ", ".join(f"{row['values']['lenpen']}: {row['bleu']:.2f} "
+                          f"({row['length_ratio']:.3f})"
                           for row in valid["rows"]) + f" -> {chosen}", file=sys.stderr)
     return rows
 

@@ -704,7 +704,8 @@ def _check_valid_sweep(entry: dict, run: Path, data: Path, sources: list[str],
                                max_len_a=a).translate(valid_src)
         bleu[a] = round(score(hyps, valid_ref, ["bleu"], "")["bleu"], 2)
     rows = entry["chosen"]["rows"]
-    assert [(row["value"], round(row["bleu"], 2)) for row in rows] == list(bleu.items())
+    assert [(row["values"]["max_len_a"], round(row["bleu"], 2)) for row in rows] == \
+        list(bleu.items())
     expected = 0.5 if bleu[0.5] > bleu[0.0] else 0.0
     assert entry["chosen"]["value"] == {"max_len_a": expected}
     assert entry["chosen"]["split"] == "valid" and entry["chosen"]["select"] == "bleu"
@@ -963,8 +964,9 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
     ("also_decode", {"x": {"quantize": "int8", "precision": "bf16"}}, "alternatives"),
     ("also_decode", {"x": {"sweep": {"lenpen": []}}}, "no values"),
     ("also_decode", {"x": {"sweep": {"beam": [0, 2]}}}, r"also_decode.x.sweep beam"),
-    ("also_decode", {"x": {"sweep": {"lenpen": [1.0], "beam": [2]}}}, "maps one of"),
-    ("also_decode", {"x": {"sweep": {"lenpen": 1.0}}}, "maps one of"),
+    ("also_decode", {"x": {"sweep": {"lenpen": [1.0], "beam": [0]}}}, "sweep beam"),
+    ("also_decode", {"x": {"sweep": {"lenpen": 1.0}}}, "maps fields"),
+    ("also_decode", {"x": {"sweep": {}}}, "maps fields"),
     ("also_decode", {"x": {"sweep": {"lenpen": [1.0]}, "lenpen": 1.0}}, "both swept"),
     ("also_decode", {"x": {"sweep": {"topk": [1, 2]}}}, "cannot be swept"),
 ])
@@ -1099,3 +1101,13 @@ def test_a_worker_resumes_stopped_cells_before_starting_new_ones(tmp_path):
     cells[0].dir.mkdir(parents=True, exist_ok=True)
     cells[0].file.write_text("{}")  # finished: its checkpoint does not make it "stopped"
     assert stopped_first(cells) == [cells[2], cells[3], cells[0], cells[1]]
+
+
+def test_sweep_setting_label_names_each_seeds_choice():
+    """A ``sweep`` setting's row names the values each seed chose on valid ('-': a seed
+    without a choice recorded); a setting without a sweep keeps its name."""
+    runs = [{"also_decode": {"t": {"chosen": {"value": {"beam": 4, "lenpen": 2.0}}}}},
+            {"also_decode": {"t": {}}},
+            {"also_decode": {"t": {"chosen": {"value": {"beam": 8, "lenpen": 0.6}}}}}]
+    assert tables_module._setting_label("t", runs) == "t (beam, lenpen 4, 2 / - / 8, 0.6)"
+    assert tables_module._setting_label("t", runs[1:2]) == "t"

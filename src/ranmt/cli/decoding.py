@@ -188,12 +188,12 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="prepared-data directory")
     p.add_argument("--split", default="test", help="split name (see meta.json)")
     metric_options(p)
-    p.add_argument("--sweep", metavar="FIELD=V1,V2,...",
+    p.add_argument("--sweep", metavar="FIELD=V1,V2,...", action="append",
                    help="decode the split once per value of a search option (beam, lenpen, "
                         "max_len_a, max_len_b), score each and report the best by --select "
                         "(e.g. --sweep lenpen=0.6,1,1.5,2 --split valid: choose on valid, "
-                        "never on a test set); --output gets the best value's translations "
-                        "(ranmt.inference.sweep)")
+                        "never on a test set); repeated, every combination of the values; "
+                        "--output gets the best decode's translations (ranmt.inference.sweep)")
     p.add_argument("--select", metavar="METRIC",
                    help="--sweep: the metric that chooses (default: the first of --metrics; "
                         "TER is lower-better); ties at two decimals go to the value listed "
@@ -202,42 +202,43 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _checked_sweep(args) -> tuple[str, list] | None:
-    """``--sweep``'s (field, values), checked before a model is loaded; None without it."""
+def _checked_sweep(args) -> dict[str, list] | None:
+    """``--sweep``'s {field: values}, checked before a model is loaded; None without it."""
     from ranmt.inference.sweep import parse_sweep
 
     if not args.sweep:
         if args.select:
             raise ValueError("--select goes with --sweep")
         return None
-    name, values = parse_sweep(args.sweep)
-    if getattr(args, name, None) is not None:
-        raise ValueError(f"{decode_flag(name)} and --sweep {name}=... both set {name}: "
-                         "give one")
+    settings = parse_sweep(args.sweep)
+    for name in settings:
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"{decode_flag(name)} and --sweep {name}=... both set {name}: "
+                             "give one")
     if args.select and args.select not in chosen_metrics(args):
         raise ValueError(f"--select {args.select} is not among the metrics "
                          f"{chosen_metrics(args)}")
-    return name, values
+    return settings
 
 
-def _evaluate_sweep(args, name, values, translator, sources, refs, tgt_lang) -> None:
-    """``ranmt evaluate --sweep``: one decode per value, the table, the best value."""
+def _evaluate_sweep(args, settings, translator, sources, refs, tgt_lang) -> None:
+    """``ranmt evaluate --sweep``: one decode per combination, the table, the best."""
     from ranmt.data.text import write_lines
-    from ranmt.inference.sweep import public_result, sweep, sweep_table
+    from ranmt.inference import sweep as sweeping
 
     metrics = chosen_metrics(args)
-    result = sweep(translator, sources, refs, name, values, metrics, tgt_lang, args.select,
-                   log=None if args.json else info)
+    result = sweeping.sweep(translator, sources, refs, settings, metrics, tgt_lang,
+                            args.select, log=None if args.json else info)
     if args.output:
-        write_lines(args.output, result["hypotheses"][result["best"]])
-    best = next(row for row in result["rows"] if row["value"] == result["best"])
+        write_lines(args.output, sweeping.best_hypotheses(result))
+    best = next(row for row in result["rows"] if row["values"] == result["best"])
     if args.json:
         print(json.dumps({"split": args.split, "sentences": len(sources),
                           "checkpoint": str(translator.checkpoint_dir),
-                          "sweep": public_result(result)}))
+                          "sweep": sweeping.public_result(result)}))
         return
-    print(sweep_table(result, metrics))
-    print(f"best on {args.split}: {name}={result['best']:g} ({result['select']} "
+    print(sweeping.sweep_table(result, metrics))
+    print(f"best on {args.split}: {sweeping.describe(result['best'])} ({result['select']} "
           f"{best[result['select']]:.2f}, length ratio {best['length_ratio']:.3f})")
 
 
@@ -251,7 +252,7 @@ def _cmd_evaluate(args) -> None:
     meta = load_meta(args.data)
     sources, refs = raw_text(args.data, args.split, "src"), raw_text(args.data, args.split, "tgt")
     if swept is not None:
-        _evaluate_sweep(args, *swept, translator, sources, refs, meta.get("tgt_lang", ""))
+        _evaluate_sweep(args, swept, translator, sources, refs, meta.get("tgt_lang", ""))
         return
     hyps = translator.translate(sources)
     if args.output:

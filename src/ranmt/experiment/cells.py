@@ -23,7 +23,7 @@ from ranmt.data.wmt import download_wmt
 from ranmt.evaluate import TASK_METRICS, score
 from ranmt.experiment.spec import LOAD_OPTIONS, SWEEP_KEY, Cell, Dataset, Experiment
 from ranmt.inference.shortlist import SHORTLIST_FILE, build_shortlist, shortlist_beside
-from ranmt.inference.sweep import sweep
+from ranmt.inference.sweep import describe, sweep
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 from ranmt.training.train import train
@@ -335,21 +335,20 @@ def decode_also(cell: Cell, data_dir: Path, result: dict, log) -> list[str]:
 
 def choose_on_valid(cell: Cell, data_dir: Path, translator: Translator,
                     swept: dict[str, list], log) -> dict:
-    """An ``also_decode`` setting's ``sweep: {FIELD: [values]}``: the value of the best
+    """An ``also_decode`` setting's ``sweep: {FIELD: [values], ...}``: the values of the best
     score on the dataset's valid split (the task's first metric; ties at two decimals to
-    the value listed first, :func:`ranmt.inference.sweep.sweep`). Returns ``{"value":
-    {FIELD: chosen}, "split": "valid", "select", "rows": [per value: metrics, length
-    ratio, seconds]}`` (cell.json's ``also_decode.NAME.chosen``); nothing of a test set
-    takes part."""
-    (field_name, values), = swept.items()
+    the combination listed first, :func:`ranmt.inference.sweep.sweep`). Returns
+    ``{"value": {FIELD: chosen}, "split": "valid", "select", "rows": [per combination: its
+    values, metrics, length ratio, seconds]}`` (cell.json's ``also_decode.NAME.chosen``);
+    nothing of a test set takes part."""
     metrics = list(TASK_METRICS[cell.dataset.task])
     sources, refs = raw_text(data_dir, "valid", "src"), raw_text(data_dir, "valid", "tgt")
-    result = sweep(translator, sources, refs, field_name, values, metrics,
+    result = sweep(translator, sources, refs, swept, metrics,
                    load_meta(data_dir).get("tgt_lang", ""),
                    log=lambda line: log(f"{cell.label}: valid, {line}"))
-    log(f"{cell.label}: {field_name}={result['best']} chosen on valid")
-    return {"value": {field_name: result["best"]}, "split": "valid",
-            "select": result["select"], "rows": result["rows"]}
+    log(f"{cell.label}: {describe(result['best'])} chosen on valid")
+    return {"value": result["best"], "split": "valid", "select": result["select"],
+            "rows": result["rows"]}
 
 
 def ensure_shortlist(run_dir: Path, data_dir: Path, log) -> Path:

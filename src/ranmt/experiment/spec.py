@@ -128,8 +128,8 @@ class Experiment:
     ``decode`` and optionally ``quantize`` / ``precision`` / ``device`` (the copy decoded), e.g.
     ``{shortlist: {shortlist: true}, int8: {quantize: int8}}``; each is scored on every
     test set beside the grid's decode (``cells.decode_also``, cell.json's ``also_decode``).
-    ``sweep: {FIELD: [values]}`` in a setting chooses that field's value per cell on the
-    valid split (``{valid-lenpen: {sweep: {lenpen: [0.6, 1.0, 2.0]}}}``)."""
+    ``sweep: {FIELD: [values], ...}`` in a setting chooses those fields' values per cell on
+    the valid split (``{valid-lenpen: {sweep: {lenpen: [0.6, 1.0, 2.0]}}}``)."""
     comparisons: list[Comparison] = field(default_factory=list)
     """Tables across datasets (``tables.comparison_tables``): distilled against original
     data, students against their teacher."""
@@ -399,21 +399,23 @@ SWEEP_KEY = "sweep"
 
 
 def _check_sweep(path: Path, name: str, options: dict) -> dict[str, list]:
-    """``also_decode.NAME.sweep``: one sweepable field mapped to a list of its values, the
-    field not also set by the same setting."""
+    """``also_decode.NAME.sweep``: sweepable fields mapped to lists of their values (several:
+    every combination), none also set by the same setting."""
     from ranmt.inference.sweep import checked_values, sweepable_fields
 
     where = f"{path}: also_decode.{name}.{SWEEP_KEY}"
     raw = options[SWEEP_KEY]
-    if not isinstance(raw, dict) or len(raw) != 1 or not isinstance(
-            next(iter(raw.values())), list):
-        raise ConfigError(f"{where} maps one of {list(sweepable_fields())} to a list of "
+    if not isinstance(raw, dict) or not raw or not all(
+            isinstance(values, list) for values in raw.values()):
+        raise ConfigError(f"{where} maps fields of {list(sweepable_fields())} to lists of "
                           "values, e.g. {lenpen: [0.6, 1.0, 2.0]}")
-    (field_name, values), = raw.items()
-    if field_name in options:
-        raise ConfigError(f"{where}: {field_name} is both swept and set to "
-                          f"{options[field_name]!r}; give one")
-    return {field_name: checked_values(field_name, values, where)}
+    checked = {}
+    for field_name, values in raw.items():
+        if field_name in options:
+            raise ConfigError(f"{where}: {field_name} is both swept and set to "
+                              f"{options[field_name]!r}; give one")
+        checked[field_name] = checked_values(field_name, values, where)
+    return checked
 
 
 def _check_teachers(path: Path, datasets: list[Dataset], variants: list[dict]) -> None:

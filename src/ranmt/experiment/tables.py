@@ -220,13 +220,15 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
 
 def _setting_label(setting: str, runs: list[dict]) -> str:
     """An ``also_decode`` setting's name, with the values its cells chose on valid (a
-    ``sweep`` setting; per seed): ``valid-lenpen (lenpen 2.0 / 2.5 / 4.0)``."""
+    ``sweep`` setting; per seed): ``valid-lenpen (lenpen 2 / 2.5 / 4)``, ``tuned (beam,
+    lenpen 4, 2 / 8, 1)``."""
     chosen = [run["also_decode"][setting].get("chosen") for run in runs]
     if not any(chosen):
         return setting
-    (field_name, _), = next(c for c in chosen if c)["value"].items()
-    values = " / ".join(f"{c['value'][field_name]:g}" if c else "-" for c in chosen)
-    return f"{setting} ({field_name} {values})"
+    fields = list(next(c for c in chosen if c)["value"])
+    values = " / ".join(", ".join(f"{c['value'][f]:g}" for f in fields) if c else "-"
+                        for c in chosen)
+    return f"{setting} ({', '.join(fields)} {values})"
 
 
 def _flow(options: dict) -> str:

@@ -6,21 +6,22 @@ on short targets (a distilled corpus) writes ~8% shorter than its references and
 brevity penalty costs it about a point (docs/RESULTS.md, "Why the distilled students write
 short"). :func:`sweep` is that choice as one call (``ranmt evaluate --sweep lenpen=...``):
 
-* every value of one numeric search field of :class:`~ranmt.config.DecodeConfig` (``beam``,
-  ``lenpen``, ``max_len_a``, ``max_len_b``) decodes the split once, everything else as the
-  translator's settings say;
+* every value of a numeric search field of :class:`~ranmt.config.DecodeConfig` (``beam``,
+  ``lenpen``, ``max_len_a``, ``max_len_b``), or every combination of several fields' values,
+  decodes the split once, everything else as the translator's settings say;
 * each decode is scored with the requested metrics plus the hypothesis/reference length
   ratio (13a words, as BLEU's brevity penalty counts them) and timed;
-* the best value is the one with the best selection metric (the first metric unless
-  ``select`` says otherwise; TER is lower-better), compared at the precision tables show it
-  (two decimals): values that tie there go to the one listed first, so a list that starts
-  with the current setting keeps it unless another value is visibly better.
+* the best is the one with the best selection metric (the first metric unless ``select``
+  says otherwise; TER is lower-better), compared at the precision tables show it (two
+  decimals): decodes that tie there go to the one listed first, so a list that starts with
+  the current setting keeps it unless another value is visibly better.
 
 The translator's own settings are left as they were.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import typing
 from collections.abc import Callable
@@ -70,14 +71,27 @@ def checked_values(name: str, values: list, where: str = "--sweep") -> list:
     return converted
 
 
-def parse_sweep(text: str) -> tuple[str, list]:
-    """``"lenpen=0.6,1,2"`` -> ``("lenpen", [0.6, 1.0, 2.0])`` (:func:`checked_values`)."""
-    name, sep, listed = text.partition("=")
-    name = name.strip().replace("-", "_")
-    if not sep:
-        raise ConfigError(f"--sweep takes FIELD=V1,V2,... with FIELD one of "
-                          f"{list(sweepable_fields())}, not '{text}'")
-    return name, checked_values(name, listed.split(","))
+def parse_sweep(texts: str | list[str]) -> dict[str, list]:
+    """``"lenpen=0.6,1,2"`` -> ``{"lenpen": [0.6, 1.0, 2.0]}`` (:func:`checked_values`);
+    several texts (``--sweep`` repeated) sweep every combination of their values."""
+    settings: dict[str, list] = {}
+    for text in [texts] if isinstance(texts, str) else texts:
+        name, sep, listed = text.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep:
+            raise ConfigError(f"--sweep takes FIELD=V1,V2,... with FIELD one of "
+                              f"{list(sweepable_fields())}, not '{text}'")
+        if name in settings:
+            raise ConfigError(f"--sweep {name} is given twice")
+        settings[name] = checked_values(name, listed.split(","))
+    return settings
+
+
+def combinations(settings: dict[str, list]) -> list[dict]:
+    """Every combination of the swept values, the first field varying slowest:
+    ``{"beam": [4, 8], "lenpen": [0.6, 1.0]}`` -> ``[{beam 4, lenpen 0.6}, {4, 1.0}, {8,
+    0.6}, {8, 1.0}]``."""
+    return [dict(zip(settings, values)) for values in itertools.product(*settings.values())]
 
 
 def is_better(metric: str, candidate: float, best: float) -> bool:
@@ -86,50 +100,64 @@ def is_better(metric: str, candidate: float, best: float) -> bool:
     return candidate < best if metric in LOWER_IS_BETTER else candidate > best
 
 
-def sweep(translator, sources: list[str], references: list[str], name: str, values: list,
+def describe(values: dict) -> str:
+    """``{"beam": 4, "lenpen": 0.6}`` -> ``"beam=4 lenpen=0.6"``."""
+    return " ".join(f"{name}={value:g}" for name, value in values.items())
+
+
+def sweep(translator, sources: list[str], references: list[str], settings: dict[str, list],
           metrics: list[str], tgt_lang: str = "", select: str | None = None,
           log: Callable[[str], None] | None = None) -> dict:
-    """Decode ``sources`` with each of ``values`` for DecodeConfig field ``name``; score.
+    """Decode ``sources`` with every combination of ``settings`` (DecodeConfig field ->
+    values, :func:`combinations`); score each.
 
-    Returns ``{"field", "select", "best", "rows": [{"value", <metric>..., "length_ratio",
-    "seconds"}], "hypotheses": {value: [line, ...]}}`` (``best``: the chosen value; rows in
-    the order given). ``log`` gets one line per value as it is decoded.
+    Returns ``{"fields", "select", "best": {field: value}, "rows": [{"values": {field:
+    value}, <metric>..., "length_ratio", "seconds"}], "hypotheses": [lines per row]}``
+    (rows in :func:`combinations`' order; ties at :data:`SELECTION_DECIMALS` go to the
+    earlier row). ``log`` gets one line per row as it is decoded.
     """
     select = select or metrics[0]
     if select not in metrics:
         raise ConfigError(f"the selection metric {select} is not among the metrics {metrics}")
     kept = translator.decode_config
-    rows, hypotheses, best = [], {}, None
+    rows, hypotheses, best = [], [], None
     try:
-        for value in values:
-            translator.decode_config = decode_with(kept, **{name: value})
+        for values in combinations(settings):
+            translator.decode_config = decode_with(kept, **values)
             started = time.perf_counter()
             hyps = translator.translate(sources)
             seconds = time.perf_counter() - started
             result = score(hyps, references, metrics, tgt_lang, length_ratio=True)
-            row = {"value": value, **{m: result[m] for m in metrics},
+            row = {"values": values, **{m: result[m] for m in metrics},
                    "length_ratio": result["length_ratio"], "seconds": round(seconds, 2)}
             rows.append(row)
-            hypotheses[value] = hyps
+            hypotheses.append(hyps)
             if best is None or is_better(select, row[select], best[select]):
                 best = row
             if log is not None:
-                log(f"{name}={value}: " + ", ".join(f"{m} {row[m]:.2f}" for m in metrics)
+                log(f"{describe(values)}: " + ", ".join(f"{m} {row[m]:.2f}" for m in metrics)
                     + f", length ratio {row['length_ratio']:.3f} ({seconds:.1f} s)")
     finally:
         translator.decode_config = kept
-    return {"field": name, "select": select, "best": best["value"], "rows": rows,
+    return {"fields": list(settings), "select": select, "best": best["values"], "rows": rows,
             "hypotheses": hypotheses}
 
 
+def best_hypotheses(result: dict) -> list[str]:
+    """The chosen row's translations."""
+    chosen = next(i for i, row in enumerate(result["rows"]) if row["values"] == result["best"])
+    return result["hypotheses"][chosen]
+
+
 def sweep_table(result: dict, metrics: list[str]) -> str:
-    """The sweep as aligned text: one row per value, the chosen one marked ``*``."""
-    head = [result["field"], *metrics, "ratio", "seconds"]
+    """The sweep as aligned text: one row per combination, the chosen one marked ``*``."""
+    head = [*result["fields"], *metrics, "ratio", "seconds"]
     lines = ["  ".join(f"{h:>8}" for h in head)]
     for row in result["rows"]:
-        cells = [f"{row['value']:>8g}", *(f"{row[m]:>8.2f}" for m in metrics),
+        cells = [*(f"{value:>8g}" for value in row["values"].values()),
+                 *(f"{row[m]:>8.2f}" for m in metrics),
                  f"{row['length_ratio']:>8.3f}", f"{row['seconds']:>8.1f}"]
-        mark = " *" if row["value"] == result["best"] else ""
+        mark = " *" if row["values"] == result["best"] else ""
         lines.append("  ".join(cells) + mark)
     return "\n".join(lines)
 

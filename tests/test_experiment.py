@@ -140,7 +140,7 @@ def test_dry_run_of_the_german_english_grid(tmp_path, capsys):
     header = next(i for i, line in enumerate(lines) if line.startswith("variant "))
     assert [line.split()[0] for line in lines[header + 1:header + 5]] == \
         ["TransF", "RAN-D", "RAN-ALL", "HC-SA"]
-    assert "every cell decodes its test sets with {'beam': 4" in out
+    assert "every cell decodes its test sets with {beam: 4" in out
     assert "every cell checked (12)" in out and not (tmp_path / "de-en").exists()
     broken = tmp_path / "broken.yaml"
     broken.write_text((root / "configs/experiments/multi30k_de_en.yaml").read_text()

@@ -158,3 +158,16 @@ def test_evaluate_sweep_refuses_contradictions(reverse_run, reverse_data, capsys
     assert exit_info.value.code != 0
     message = capsys.readouterr().err
     assert "--sweep" in message or "--select" in message, message
+
+
+def test_evaluate_sweep_prints_the_table_and_the_best_with_its_signature(
+        reverse_run, reverse_data, capsys):
+    main(["evaluate", "--checkpoint", str(reverse_run), "--data", str(reverse_data),
+          "--split", "valid", "--device", "cpu", "--metrics", "bleu", "--sweep",
+          "lenpen=0.6,1.5", "--quiet"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["lenpen", "bleu", "ratio", "seconds"]
+    assert [line.split()[0] for line in out[1:3]] == ["0.6", "1.5"]
+    assert sum(line.endswith(" *") for line in out[1:3]) == 1
+    assert out[3].startswith("best on valid: lenpen=")
+    assert out[4].startswith("valid BLEU = ") and "nrefs:1" in out[4]

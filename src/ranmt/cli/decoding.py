@@ -240,6 +240,7 @@ def _evaluate_sweep(args, settings, translator, sources, refs, tgt_lang) -> None
     print(sweeping.sweep_table(result, metrics))
     print(f"best on {args.split}: {sweeping.describe(result['best'])} ({result['select']} "
           f"{best[result['select']]:.2f}, length ratio {best['length_ratio']:.3f})")
+    print_scores({**best, "signature": result["signature"]}, metrics, f"{args.split} ")
 
 
 def _cmd_evaluate(args) -> None:

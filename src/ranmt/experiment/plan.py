@@ -22,7 +22,7 @@ from ranmt.data.corpus import fill_config_from_data
 from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
 from ranmt.data.wmt import available, find_task
-from ranmt.experiment.spec import Cell, load_experiment
+from ranmt.experiment.spec import SWEEP_KEY, Cell, flow, load_experiment
 from ranmt.model import build_model, count_parameters
 
 
@@ -98,8 +98,10 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
         f"{len(experiment.cells())} cells -> {root}")
     plan = {"name": experiment.name, "out": str(root), "datasets": {}, "cells": [],
             "decode": experiment.decode, "also_decode": experiment.also_decode}
-    log(f"every cell decodes its test sets with {experiment.decode or 'the defaults'}"
-        + "".join(f"; also as '{name}' ({options})"
+    decode = flow(experiment.decode) if experiment.decode else "the defaults"
+    log(f"every cell decodes its test sets with {decode}"
+        + "".join(f"; also as '{name}' ({flow(options)}"
+                  + (", chosen on valid per cell" if SWEEP_KEY in options else "") + ")"
                   for name, options in experiment.also_decode.items()))
     for comparison in experiment.comparisons:
         rows = (f"{', '.join(comparison.variants) if comparison.variants else 'every variant'}"

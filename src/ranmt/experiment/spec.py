@@ -393,6 +393,18 @@ def _check_also_decode(path: Path, decode: dict, raw) -> dict[str, dict]:
     return checked
 
 
+def flow(options: dict) -> str:
+    """Options as a YAML flow mapping, as the experiment file writes them: {beam: 4}."""
+    def text(value) -> str:
+        if isinstance(value, dict):
+            return flow(value)
+        if isinstance(value, list):
+            return "[" + ", ".join(text(item) for item in value) + "]"
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return "{" + ", ".join(f"{key}: {text(value)}" for key, value in options.items()) + "}"
+
+
 SWEEP_KEY = "sweep"
 """An ``also_decode`` setting's key for a value chosen on the valid split:
 ``{sweep: {lenpen: [0.6, 1.0, 2.0]}}`` (ranmt.inference.sweep; ``cells.decode_also``)."""

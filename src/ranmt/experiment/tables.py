@@ -17,7 +17,7 @@ from ranmt.evaluate import (
     paired_bootstrap,
     significance_marks,
 )
-from ranmt.experiment.spec import Comparison, Dataset, Experiment
+from ranmt.experiment.spec import Comparison, Dataset, Experiment, flow
 
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
              "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
@@ -205,9 +205,9 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
               "| variant | decoding | seeds | "
               + " | ".join(ROW_NAMES.get(m, m) for m in metrics) + " |",
               "|---|---|---|" + "---|" * len(metrics)]
-    settings_text = "; ".join(f"{name}: {_flow(options)}"
+    settings_text = "; ".join(f"{name}: {flow(options)}"
                               for name, options in experiment.also_decode.items())
-    footer = ["", f"Settings over the grid's decode {_flow(experiment.decode)}: {settings_text}. "
+    footer = ["", f"Settings over the grid's decode {flow(experiment.decode)}: {settings_text}. "
               "(±x): the difference to the grid's decode of the same checkpoint (mean ± std "
               f"of the per-seed differences); † every seed's paired bootstrap has p < "
               f"{experiment.alpha} in the same direction."
@@ -229,18 +229,6 @@ def _setting_label(setting: str, runs: list[dict]) -> str:
     values = " / ".join(", ".join(f"{c['value'][f]:g}" for f in fields) if c else "-"
                         for c in chosen)
     return f"{setting} ({', '.join(fields)} {values})"
-
-
-def _flow(options: dict) -> str:
-    """Options as a YAML flow mapping, as the experiment file writes them: {beam: 4}."""
-    def text(value) -> str:
-        if isinstance(value, dict):
-            return _flow(value)
-        if isinstance(value, list):
-            return "[" + ", ".join(text(item) for item in value) + "]"
-        return str(value).lower() if isinstance(value, bool) else str(value)
-
-    return "{" + ", ".join(f"{key}: {text(value)}" for key, value in options.items()) + "}"
 
 
 def _steps_text(cells: list[dict]) -> tuple[str, str]:

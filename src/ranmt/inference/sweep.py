@@ -112,7 +112,8 @@ def sweep(translator, sources: list[str], references: list[str], settings: dict[
     values, :func:`combinations`); score each.
 
     Returns ``{"fields", "select", "best": {field: value}, "rows": [{"values": {field:
-    value}, <metric>..., "length_ratio", "seconds"}], "hypotheses": [lines per row]}``
+    value}, <metric>..., "length_ratio", "seconds"}], "signature": {metric: the scorer's
+    signature}, "hypotheses": [lines per row]}``
     (rows in :func:`combinations`' order; ties at :data:`SELECTION_DECIMALS` go to the
     earlier row). ``log`` gets one line per row as it is decoded.
     """
@@ -120,7 +121,7 @@ def sweep(translator, sources: list[str], references: list[str], settings: dict[
     if select not in metrics:
         raise ConfigError(f"the selection metric {select} is not among the metrics {metrics}")
     kept = translator.decode_config
-    rows, hypotheses, best = [], [], None
+    rows, hypotheses, best, signature = [], [], None, {}
     try:
         for values in combinations(settings):
             translator.decode_config = decode_with(kept, **values)
@@ -128,6 +129,7 @@ def sweep(translator, sources: list[str], references: list[str], settings: dict[
             hyps = translator.translate(sources)
             seconds = time.perf_counter() - started
             result = score(hyps, references, metrics, tgt_lang, length_ratio=True)
+            signature = result["signature"]  # the same for every row
             row = {"values": values, **{m: result[m] for m in metrics},
                    "length_ratio": result["length_ratio"], "seconds": round(seconds, 2)}
             rows.append(row)
@@ -140,7 +142,7 @@ def sweep(translator, sources: list[str], references: list[str], settings: dict[
     finally:
         translator.decode_config = kept
     return {"fields": list(settings), "select": select, "best": best["values"], "rows": rows,
-            "hypotheses": hypotheses}
+            "signature": signature, "hypotheses": hypotheses}
 
 
 def best_hypotheses(result: dict) -> list[str]:

@@ -30,6 +30,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ranmt.data.corpus import load_meta, raw_text
+from ranmt.data.text import write_lines
 from ranmt.evaluate import score
 
 
@@ -44,8 +46,7 @@ def _cells(grid: Path) -> list[tuple[str, str, int, Path, dict]]:
 
 
 def _references(cell: dict, split: str) -> list[str]:
-    path = Path(cell["config"]["data"]["dir"]) / f"{split}.tgt.txt"
-    return path.read_text(encoding="utf-8").splitlines()
+    return raw_text(cell["config"]["data"]["dir"], split, "tgt")
 
 
 def output_lengths(grid: Path) -> dict:
@@ -91,10 +92,9 @@ def _rounded(row: dict) -> dict:
 
 def _split_text(cell: dict, split: str) -> tuple[list[str], list[str], str]:
     """(sources, references, target language) of a cell's prepared ``split``."""
-    data = Path(cell["config"]["data"]["dir"])
-    sources = (data / f"{split}.src.txt").read_text(encoding="utf-8").splitlines()
-    tgt_lang = json.loads((data / "meta.json").read_text()).get("tgt_lang", "")
-    return sources, _references(cell, split), tgt_lang
+    data = cell["config"]["data"]["dir"]
+    return raw_text(data, split, "src"), _references(cell, split), \
+        load_meta(data).get("tgt_lang", "")
 
 
 def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path) -> list[dict]:
@@ -113,8 +113,8 @@ def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path)
         if not (run / "best").exists():
             continue
         translator = Translator.load(run, device="cpu")
-        valid = sweep(translator, *_split_text(cell, "valid")[:2], {"lenpen": lenpens},
-                      metrics, _split_text(cell, "valid")[2])
+        sources, refs, tgt_lang = _split_text(cell, "valid")
+        valid = sweep(translator, sources, refs, {"lenpen": lenpens}, metrics, tgt_lang)
         chosen = valid["best"]["lenpen"]
         tests = {}
         for test in cell["tests"]:
@@ -123,8 +123,7 @@ def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path)
             at_chosen = sweep(translator, sources, refs, {"lenpen": [chosen]}, metrics,
                               tgt_lang)
             hyp_file.parent.mkdir(parents=True, exist_ok=True)
-            hyp_file.write_text("".join(line + "\n" for line in at_chosen["hypotheses"][0]),
-                                encoding="utf-8")
+            write_lines(hyp_file, at_chosen["hypotheses"][0])
             tests[test] = {"grid": {m: cell["tests"][test][m] for m in metrics},
                            "chosen": _rounded(at_chosen["rows"][0])}
         rows.append({"dataset": dataset, "variant": variant, "seed": seed,

@@ -231,7 +231,7 @@ def _evaluate_sweep(args, settings, translator, sources, refs, tgt_lang) -> None
                             args.select, log=None if args.json else info)
     if args.output:
         write_lines(args.output, sweeping.best_hypotheses(result))
-    best = next(row for row in result["rows"] if row["values"] == result["best"])
+    best = result["rows"][sweeping.best_index(result)]
     if args.json:
         print(json.dumps({"split": args.split, "sentences": len(sources),
                           "checkpoint": str(translator.checkpoint_dir),

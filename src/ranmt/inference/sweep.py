@@ -145,10 +145,14 @@ def sweep(translator, sources: list[str], references: list[str], settings: dict[
             "signature": signature, "hypotheses": hypotheses}
 
 
+def best_index(result: dict) -> int:
+    """The position of the chosen row in ``result["rows"]`` (and ``["hypotheses"]``)."""
+    return next(i for i, row in enumerate(result["rows"]) if row["values"] == result["best"])
+
+
 def best_hypotheses(result: dict) -> list[str]:
     """The chosen row's translations."""
-    chosen = next(i for i, row in enumerate(result["rows"]) if row["values"] == result["best"])
-    return result["hypotheses"][chosen]
+    return result["hypotheses"][best_index(result)]
 
 
 def sweep_table(result: dict, metrics: list[str]) -> str:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+import ranmt.experiment as experiment_module
 import ranmt.experiment.cells as cells_module
 import ranmt.experiment.tables as tables_module
 from conftest import reverse_task, write_parallel
@@ -93,9 +94,14 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     before = transf_cell.stat().st_mtime_ns
     (exp / "runs/reverse/RAN-ALL/seed1/cell.json").unlink()
     calls = _count_trainings(monkeypatch)
+    capsys.readouterr()
     main(["experiment", str(path)])
     assert len(calls) == 1 and "RAN-ALL" in calls[0]
     assert transf_cell.stat().st_mtime_ns == before
+    # The tables are written once when the cell lands, not again at the end (unchanged).
+    assert capsys.readouterr().err.count("results.md and") == 1
+    main(["experiment", str(path)])  # nothing to run: the tables are still written once
+    assert capsys.readouterr().err.count("results.md and") == 1
     again = json.loads((exp / "results.json").read_text())
     assert again["datasets"]["reverse"]["tests"]["test"]["scores"] == scores
 
@@ -150,9 +156,11 @@ def test_dry_run_of_the_german_english_grid(tmp_path, capsys):
     assert "RAN-D / seed 1" in capsys.readouterr().err
 
 
-def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_path):
+def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_path,
+                                                                          monkeypatch):
     """A cell locked by a live worker is skipped (partial tables); a dead worker's lock is
-    taken over and the last worker writes the complete tables."""
+    taken over and the last worker writes the complete tables, also where another worker
+    finished a cell after this one last wrote them."""
     import os
     import socket
     import subprocess
@@ -177,6 +185,25 @@ def test_concurrent_workers_skip_claimed_cells_and_take_over_stale_locks(tmp_pat
     assert results["complete"] is True
     assert [c["variant"] for c in results["cells"]] == ["TransF", "RAN-ALL"]
     assert not lock.exists() and "Partial" not in (exp / "results.md").read_text()
+
+    # This worker trains TransF (and writes 1-cell tables) while another finishes RAN-ALL.
+    ran_all = exp / "runs/reverse/RAN-ALL/seed1/cell.json"
+    finished_elsewhere = ran_all.read_text()
+    ran_all.unlink()
+    (exp / "runs/reverse/TransF/seed1/cell.json").unlink()
+    real_claim = experiment_module.claim
+
+    def claimed_by_a_worker_that_then_finishes(lock_path):
+        if "RAN-ALL" in str(lock_path):
+            ran_all.write_text(finished_elsewhere)
+            return False
+        return real_claim(lock_path)
+
+    monkeypatch.setattr(experiment_module, "claim", claimed_by_a_worker_that_then_finishes)
+    main(["experiment", str(path)])
+    results = json.loads((exp / "results.json").read_text())
+    assert results["complete"] is True
+    assert [c["variant"] for c in results["cells"]] == ["TransF", "RAN-ALL"]
 
 
 def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, monkeypatch):

@@ -91,12 +91,13 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
     selected = [] if tables_only else stopped_first(experiment.select(variants, seeds,
                                                                       datasets))
     durations, elsewhere = [], []
+    tables = _Tables(experiment, grid, log, extra_baselines)
     for index, cell in enumerate(selected, 1):
         data_dir = prepare_once(cell.dataset, experiment.out, log, experiment)
         label = f"cell {index}/{len(selected)}: {cell.label}"
         if cell.finished:
             if _complete_decodes(cell, data_dir, label, log):
-                write_results(experiment, grid, log, extra_baselines)
+                tables.write()
             else:
                 log(f"{label}: done, reusing {cell.file}")
             continue
@@ -117,11 +118,40 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                 durations.append(time.monotonic() - start)
         finally:
             release(cell.lock)
-        write_results(experiment, grid, log, extra_baselines)
+        tables.write()
     if elsewhere:
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
-    return write_results(experiment, grid, log, extra_baselines)
+    return tables.current()
+
+
+class _Tables:
+    """The grid's tables, rewritten (:func:`write_results`) when a cell lands, and once
+    more at the end only where the finished cells changed since the last write (another
+    worker finished one) or nothing was written yet: the tables' bootstrap takes minutes
+    on a grid of many cells."""
+
+    def __init__(self, experiment: Experiment, grid: list[Cell], log, extra_baselines):
+        self.experiment, self.grid, self.log = experiment, grid, log
+        self.extra_baselines = extra_baselines
+        self.written_for: frozenset[Path] | None = None  # the finished cells last written
+        self.results: dict = {}
+
+    def _finished(self) -> frozenset[Path]:
+        return frozenset(cell.file for cell in self.grid if cell.finished)
+
+    def write(self) -> dict:
+        finished = self._finished()
+        self.results = write_results(self.experiment, self.grid, self.log,
+                                     self.extra_baselines)
+        self.written_for = finished
+        return self.results
+
+    def current(self) -> dict:
+        """The results, rewritten only if they could differ from the last write."""
+        if self.written_for is not None and self.written_for == self._finished():
+            return self.results
+        return self.write()
 
 
 def stopped_first(cells: list[Cell]) -> list[Cell]:

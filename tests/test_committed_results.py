@@ -75,8 +75,10 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> 
     os.environ.pop("RANMT_WORK_DIR", None)
     committed = RESULTS / grid
     recorded = json.loads((committed / "results.json").read_text(encoding="utf-8"))
-    # (data/: prepared data a local checkout may hold beside the cells; linked in below)
-    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns("*.png", "results*", "data"))
+    # (data/: prepared data a local checkout may hold beside the cells, linked in below;
+    # bootstrap_cache.json: p-values a local write kept, which would skip the recomputation)
+    shutil.copytree(committed, copy, ignore=shutil.ignore_patterns(
+        "*.png", "results*", "data", "bootstrap_cache.json"))
     (copy / "data").mkdir(exist_ok=True)
     for name, folder in prepared.items():
         (copy / "data" / name).symlink_to(folder, target_is_directory=True)

@@ -100,8 +100,10 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
     assert transf_cell.stat().st_mtime_ns == before
     # The tables are written once when the cell lands, not again at the end (unchanged).
     assert capsys.readouterr().err.count("results.md and") == 1
-    main(["experiment", str(path)])  # nothing to run: the tables are still written once
-    assert capsys.readouterr().err.count("results.md and") == 1
+    main(["experiment", str(path)])  # nothing to run: the tables are still written once,
+    said = capsys.readouterr().err  # their one pair's p-values kept from the last write
+    assert said.count("results.md and") == 1
+    assert f"0 resampled, 1 kept in {exp / 'bootstrap_cache.json'}" in said
     again = json.loads((exp / "results.json").read_text())
     assert again["datasets"]["reverse"]["tests"]["test"]["scores"] == scores
 

@@ -47,6 +47,10 @@ def _sacrebleu_metric(name: str, tgt_lang: str = ""):
     raise ScoreError(f"'{name}' is not a sacreBLEU metric")
 
 
+BOOTSTRAP_SEED = 12345
+"""sacreBLEU's default seed of the paired bootstrap (``SACREBLEU_SEED``), fixed for every
+test ranmt runs: the same hypotheses give the same p-value in every table."""
+
 _SEGMENT_STATISTICS: dict[tuple, object] = {}
 """(metric, hypotheses, references) -> sacreBLEU's segment statistics, for
 :func:`paired_bootstrap`: a grid's tables test every variant's output against the same
@@ -198,7 +202,7 @@ def bleu_by_length(hyps: list[str], refs: list[str], sources: list[str], by: str
 
 def paired_bootstrap(systems: list[tuple[str, list[str]]], refs: list[str],
                      metrics=("bleu", "chrf", "ter"), samples: int = 1000,
-                     seed: int = 12345) -> dict:
+                     seed: int = BOOTSTRAP_SEED) -> dict:
     """Scores of every system and p-values of systems 2.. against system 1 (the baseline).
 
     Returns ``{"systems": [{"name", "bleu", "bleu_p", ...}], "signature": {...}}``. A system

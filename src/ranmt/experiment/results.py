@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from ranmt.experiment.bootstrap_cache import cache_path, cached_bootstraps
 from ranmt.experiment.cells import prepare_once
 from ranmt.experiment.spec import Cell, Experiment, git_commit
 from ranmt.experiment.tables import build_tables
@@ -96,15 +97,17 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
                   extra_baselines: list[str] | None = None) -> dict:
     """(Re)write results.md and results.json from the finished cells of ``grid`` on disk
     (written by any worker), and a comparison against each of ``extra_baselines``
-    (:func:`write_comparison`)."""
+    (:func:`write_comparison`); p-values of pairs tested by an earlier write are taken from
+    its :mod:`~ranmt.experiment.bootstrap_cache`."""
     cells = [cell.result() for cell in grid if cell.finished]
     by_name = {dataset.name: dataset for dataset in experiment.datasets}
     for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
         if any(c["dataset"] == dataset.name for c in cells):  # (their references)
             prepare_once(by_name[dataset.references_from], experiment.out, log)
-    for baseline in extra_baselines or []:
-        write_comparison(experiment, cells, baseline, log)
-    markdown, results = build_tables(experiment, cells)
+    with cached_bootstraps(cache_path(experiment), log) as cache:
+        for baseline in extra_baselines or []:
+            write_comparison(experiment, cells, baseline, log)
+        markdown, results = build_tables(experiment, cells)
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
                     "`ranmt experiment` to complete the grid.\n\n" + markdown)
@@ -120,5 +123,6 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
                          f"[{figure.name}]({figure.name})\n")
     _write_markdown_and_json(root / "results.md", markdown, results)
     log(f"wrote {root / 'results.md'} and {root / 'results.json'} "
-        f"({len(cells)}/{len(grid)} cells)")
+        f"({len(cells)}/{len(grid)} cells; paired bootstraps: {cache.computed} resampled, "
+        f"{cache.reused} kept in {cache.path})")
     return results

@@ -12,11 +12,13 @@ from pathlib import Path
 
 from ranmt.data.corpus import raw_text
 from ranmt.evaluate import (
+    BOOTSTRAP_SEED,
     TASK_METRICS,
     compare_over_seeds,
     paired_bootstrap,
     significance_marks,
 )
+from ranmt.experiment import bootstrap_cache
 from ranmt.experiment.spec import Comparison, Dataset, Experiment, flow
 
 ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
@@ -61,6 +63,20 @@ def _metrics_in_order(task: str) -> list[str]:
                   key=lambda m: list(ROW_NAMES).index(m) if m in ROW_NAMES else 99)
 
 
+def _paired_p_values(systems: list[tuple[str, list[str]]], refs: list[str],
+                     metrics: list[str], samples: int) -> list[dict[str, float]]:
+    """metric -> paired-bootstrap p of each of ``systems[1:]`` against ``systems[0]``:
+    through the active :mod:`.bootstrap_cache` (:func:`~.bootstrap_cache.cached_bootstraps`,
+    which :func:`~ranmt.experiment.results.write_results` opens), else computed."""
+    cache = bootstrap_cache.active()
+    if cache is not None:
+        return cache.p_values(systems, refs, metrics, samples, BOOTSTRAP_SEED,
+                              paired_bootstrap)
+    result = paired_bootstrap(systems, refs, metrics, samples)
+    return [{metric: row[f"{metric}_p"] for metric in metrics}
+            for row in result["systems"][1:]]
+
+
 def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
                         base_cells: dict[int, dict], variants: dict[str, list[dict]],
                         metrics: list[str]) -> dict[str, dict[str, dict[int, float]]]:
@@ -79,13 +95,13 @@ def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
                    if cell["seed"] == seed]
         if not entries:
             continue
-        result = paired_bootstrap(
+        rows = _paired_p_values(
             [(experiment.baseline, _read_hyps(experiment, base, test))]
             + [(name, _read_hyps(experiment, cell, test)) for name, cell in entries],
             refs, sig_metrics, experiment.bootstrap_samples)
-        for row, (name, _) in enumerate(entries, start=1):
+        for (name, _), row in zip(entries, rows):
             for metric in sig_metrics:
-                pvalues[name][metric][seed] = result["systems"][row][f"{metric}_p"]
+                pvalues[name][metric][seed] = row[metric]
     return pvalues
 
 
@@ -152,12 +168,12 @@ def _also_decode_p_values(experiment: Experiment, test: str, refs: list[str], ru
     pvalues: dict[str, dict[int, float]] = {m: {} for m in metrics}
     for cell in runs if metrics else []:
         recorded = cell["also_decode"][setting]["tests"][test]["hyp_file"]
-        result = paired_bootstrap(
+        [row] = _paired_p_values(
             [("decode", _read_hyps(experiment, cell, test)),
              (setting, _read_hyps(experiment, cell, test, recorded, setting))],
             refs, metrics, experiment.bootstrap_samples)
         for metric in metrics:
-            pvalues[metric][cell["seed"]] = result["systems"][1][f"{metric}_p"]
+            pvalues[metric][cell["seed"]] = row[metric]
     return pvalues
 
 
@@ -347,12 +363,12 @@ def _comparison_p_values(experiment: Experiment, comparison: Comparison, test: s
     (the first system, named "comparison NAME")."""
     pvalues: dict[str, dict[int, float]] = {m: {} for m in metrics}
     for own, other in pairs if metrics else []:
-        result = paired_bootstrap(
+        [row] = _paired_p_values(
             [(f"comparison {comparison.name}", _read_hyps(experiment, other, test)),
              (variant, _read_hyps(experiment, own, test))],
             refs, metrics, experiment.bootstrap_samples)
         for metric in metrics:
-            pvalues[metric][own["seed"]] = result["systems"][1][f"{metric}_p"]
+            pvalues[metric][own["seed"]] = row[metric]
     return pvalues
 
 

@@ -2,8 +2,9 @@
 
 The tables (:mod:`.tables`) test every variant against the baseline seed by seed, every
 ``also_decode`` setting against the grid's decode, every comparison row against its
-counterpart: a students grid of 17 cells took 4 min 17 s of sacreBLEU resampling per write,
-and ``ranmt experiment`` rewrites the tables after every cell. A p-value is a deterministic
+counterpart: the students grid's 17 cells (234 pairs) took 299 s of sacreBLEU resampling per
+write, and ``ranmt experiment`` rewrites the tables after every cell; through this cache a
+write of the same cells takes 8.5 s (docs/EXPERIMENTS.md). A p-value is a deterministic
 function of the pair alone — sacreBLEU reseeds its generator (``SACREBLEU_SEED``) for every
 system of a test, so a system's p is the same in a test of two systems as in a test of
 ten — so it is kept, keyed by what it depends on: the metric (and sacreBLEU's version), the

@@ -163,3 +163,16 @@ def test_a_key_names_everything_a_p_value_depends_on():
     for index, other in enumerate(("chrf", 100, 1, "other", "other", "other")):
         keys.add(BootstrapCache.key(*base[:index], other, *base[index + 1:]))
     assert len(keys) == 7
+
+
+def test_a_long_write_says_how_far_it_got(grid, tmp_path, monkeypatch):
+    import ranmt.experiment.bootstrap_cache as cache_module
+
+    experiment, cells, _, calls = grid
+    monkeypatch.setattr(cache_module, "PROGRESS_EVERY_S", 0.0)
+    said: list[str] = []
+    with cached_bootstraps(tmp_path / CACHE_NAME, log=said.append):
+        build_tables(experiment, cells)
+    progress = [line for line in said if line.startswith("paired bootstraps: ")]
+    assert len(progress) == len(calls) == 2 * 2 + 6  # a test per dataset and seed, 6 rows
+    assert progress[-1].startswith("paired bootstraps: 14 resampled, 0 kept so far")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +34,10 @@ CACHE_NAME = "bootstrap_cache.json"
 CACHE_FORMAT = 1
 """Bumped whenever ranmt changes how it scores (a metric's settings): older files are
 dropped, not trusted."""
+
+PROGRESS_EVERY_S = 30.0
+"""A write that resamples for longer says how far it got this often (a cold write of a big
+grid takes minutes)."""
 
 _active: BootstrapCache | None = None
 
@@ -63,6 +68,7 @@ class BootstrapCache:
         self.entries: dict[str, float] = {}
         self.used: set[str] = set()
         self.computed = self.reused = 0  # systems resampled / answered from the file
+        self.started = self.reported = time.monotonic()
         if path is not None and path.is_file():
             try:
                 stored = json.loads(path.read_text(encoding="utf-8"))
@@ -98,11 +104,19 @@ class BootstrapCache:
                 for metric, key in keys[index].items():
                     self.entries[key] = float(result["systems"][row][f"{metric}_p"])
             self.computed += len(missing)
+            self._report_progress()
         self.reused += len(keys) - len(missing)
         for by_metric in keys:
             self.used.update(by_metric.values())
         return [{metric: self.entries[key] for metric, key in by_metric.items()}
                 for by_metric in keys]
+
+    def _report_progress(self) -> None:
+        now = time.monotonic()
+        if now - self.reported >= PROGRESS_EVERY_S:
+            self.log(f"paired bootstraps: {self.computed} resampled, {self.reused} kept so far "
+                     f"({now - self.started:.0f} s)")
+            self.reported = now
 
     def save(self) -> None:
         """Write the entries used since loading (atomically: a concurrent reader sees the

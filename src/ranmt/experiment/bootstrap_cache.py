@@ -28,7 +28,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from ranmt.experiment.spec import Experiment
+from ranmt.experiment.spec import Experiment, grid_work_dir
 
 CACHE_NAME = "bootstrap_cache.json"
 CACHE_FORMAT = 1
@@ -46,7 +46,7 @@ def cache_path(experiment: Experiment) -> Path:
     """``WORK/<out's folder name>/bootstrap_cache.json`` beside the run folders when the grid
     has a work folder, else ``OUT/bootstrap_cache.json``."""
     if experiment.work is not None:
-        return experiment.work / experiment.out.resolve().name / CACHE_NAME
+        return grid_work_dir(experiment.work, experiment.out) / CACHE_NAME
     return experiment.out / CACHE_NAME
 
 

@@ -503,10 +503,16 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+def grid_work_dir(work: Path, out: Path) -> Path:
+    """A grid's folder under the work folder: ``WORK/<out's folder name>``, shared by every
+    checkout of the grid."""
+    return work / out.resolve().name
+
+
 def work_run_dir(work: Path, out: Path, cell_path: Path) -> Path:
     """A run folder under the work folder: ``WORK/<out's folder name>/runs/<dataset>/
     <variant>/seed<N>/run``, so that two checkouts of one grid share their run folders."""
-    return work / out.resolve().name / cell_path / "run"
+    return grid_work_dir(work, out) / cell_path / "run"
 
 
 def source_run_dir(source: Path, cell_dir: Path, work: Path | None) -> Path:

@@ -31,6 +31,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.nice(19 - os.nice(0))
 
 
+UNNICED = ("--worker-nice", "0")
+"""Arguments for the real servers that tests start, whose decoding must progress within a
+deadline: a worker at the default nice 19 (ServeLimits.worker_nice) beside any busy process
+at nice 0 (a training, a test run outside xdist) gets ~1.5% of a core; test_serve_faults'
+SIGTERM test then missed its 20 s drain (the held request answered 503) and a server took
+39 s to start. Under xdist every test process is at nice 19 already (above): no change."""
+
+
 SLOWEST_FILES = ("test_demo.py", "test_continuous.py", "test_experiment.py",
                  "test_distributed.py", "test_launch.py", "test_multi30k.py",
                  "test_committed_results.py", "test_gpu_step.py", "test_robustness.py")

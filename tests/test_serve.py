@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from conftest import UNNICED
+
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
@@ -224,7 +226,7 @@ def test_the_http_parser_and_event_loop_reach_uvicorn(runs, monkeypatch, http, l
 
 def _start_server(*args: str) -> tuple[subprocess.Popen, str]:
     """``ranmt serve ARGS`` on the CPU and a free loopback port, once it answers /health."""
-    return launch_server(["--device", "cpu", *args])
+    return launch_server(["--device", "cpu", *UNNICED, *args])
 
 
 def test_launch_server_raises_with_the_error_when_the_server_cannot_start(tmp_path):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import UNNICED
+
 pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
@@ -190,7 +192,8 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
     from ranmt.serving.launcher import launch_server
 
     process, url = launch_server(["--checkpoint", f"T={runs['transf']}", "--drain-s", "20",
-                                  "--worker-stall-s", "60", "--batch-window-ms", "1"],
+                                  "--worker-stall-s", "60", "--batch-window-ms", "1",
+                                  *UNNICED],
                                  wait_s=60, errors_to=tmp_path / "serve.log")
     try:
         _until(lambda: _ready(url), 60)
@@ -206,8 +209,8 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
             _until(lambda: _post(f"{url}/translate", b'{"text": ["a"]}')[0] == 503, 10)
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
-            status, _ = held.result(timeout=30)
-        assert status == 200
+            status, body = held.result(timeout=30)
+        assert status == 200, (body, (tmp_path / "serve.log").read_text()[-2000:])
         assert process.wait(timeout=30) == 0
         errors = (tmp_path / "serve.log").read_text()
         assert "Traceback" not in errors, errors
@@ -235,7 +238,7 @@ def test_a_killed_server_leaves_no_worker(runs):
     """SIGKILL the server (no chance to stop its workers): they exit with it."""
     from ranmt.serving.launcher import launch_server
 
-    process, url = launch_server(["--checkpoint", f"T={runs['transf']}"], wait_s=60)
+    process, url = launch_server(["--checkpoint", f"T={runs['transf']}", *UNNICED], wait_s=60)
     try:
         _until(lambda: _ready(url), 60)
         below = processes_below(process.pid)

@@ -248,6 +248,19 @@ def test_signal_during_a_cell_stops_the_worker_without_recording_it(tmp_path, mo
     assert again["datasets"] == results["datasets"]
 
 
+def test_precision_note_names_the_cells_of_each_precision_and_skips_unrecorded_ones():
+    from ranmt.experiment.results import precision_note
+
+    def cell(variant, seed, precision=None):
+        train = {"precision": precision} if precision else {}
+        return {"dataset": "d", "variant": variant, "seed": seed, "train": train}
+
+    same = [cell("A", 1, "bf16"), cell("A", 2, "bf16"), cell("B", 1)]  # B: not recorded
+    assert precision_note(same) == ""
+    many = [cell("A", seed, "bf16") for seed in range(1, 6)] + [cell("B", 3, "fp32")]
+    assert "(bf16: 5 cells | fp32: d / B / seed 3)" in precision_note(many)
+
+
 def test_significance_rule_on_hand_made_scores():
     """† needs every seed significant in one direction; ‡ is Welch's t-test over seeds."""
     from scipy.stats import t as student_t
@@ -401,6 +414,17 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
     markdown = (exp / "results.md").read_text()
     assert "| TransF | 2 | 30 |" in markdown and "| RAN-ALL | 2 | 30 |" in markdown
     assert (exp / "validation_reverse.png").stat().st_size > 1000
+    assert "Not every cell trained in the same precision" not in markdown
+    # a cell that trained in another precision (another machine's `auto`) is named
+    moved = exp / "runs/reverse/RAN-ALL/seed2/cell.json"
+    cell = json.loads(moved.read_text())
+    other = {"fp32": "bf16", "bf16": "fp32"}[cell["train"]["precision"]]
+    moved.write_text(json.dumps({**cell, "train": {**cell["train"], "precision": other}}))
+    main(["experiment", str(path), "--tables-only"])
+    assert (f"({cell['train']['precision']}: reverse / TransF / seed 1; reverse / RAN-ALL / "
+            f"seed 1; reverse / TransF / seed 2 | {other}: reverse / RAN-ALL / seed 2)"
+            ) in (exp / "results.md").read_text()
+    moved.write_text(json.dumps(cell))
     # --baseline: the same cells against RAN-ALL; every difference flips its sign
     main(["experiment", str(path), "--tables-only", "--baseline", "RAN-ALL"])
     against = json.loads((exp / "results.vs-RAN-ALL.json").read_text())

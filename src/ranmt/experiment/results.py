@@ -72,6 +72,34 @@ def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path
     return True
 
 
+NAMED_CELLS_AT_MOST = 4
+""":func:`precision_note` names the cells of a precision up to this many, else counts them."""
+
+
+def precision_note(cells: list[dict]) -> str:
+    """A warning for results.md when the finished cells did not all train in the same
+    precision (as their cell.json records it; cells from before it was recorded are left
+    out), else "". ``auto`` trains in bf16 only where the hardware computes it natively, so
+    a grid whose cells ran on different machines can mix precisions (a resumed cell keeps
+    the precision it started in)."""
+    groups: dict[str, list[str]] = {}
+    for cell in cells:
+        precision = cell.get("train", {}).get("precision")
+        if precision:
+            groups.setdefault(precision, []).append(
+                f"{cell['dataset']} / {cell['variant']} / seed {cell['seed']}")
+    if len(groups) < 2:
+        return ""
+    parts = []
+    for precision, names in sorted(groups.items(), key=lambda group: (-len(group[1]), group[0])):
+        listed = "; ".join(names) if len(names) <= NAMED_CELLS_AT_MOST else \
+            f"{len(names)} cells"
+        parts.append(f"{precision}: {listed}")
+    return ("> Not every cell trained in the same precision (" + " | ".join(parts) +
+            "): `auto` trains in bf16 only on hardware that computes it natively. "
+            "Differences between these cells include that of the precision.\n\n")
+
+
 def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
                      log=print) -> Path:
     """results.vs-BASELINE.md|json: the test tables against another variant of the grid."""
@@ -108,6 +136,7 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
         for baseline in extra_baselines or []:
             write_comparison(experiment, cells, baseline, log)
         markdown, results = build_tables(experiment, cells)
+    markdown = precision_note(cells) + markdown
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
                     "`ranmt experiment` to complete the grid.\n\n" + markdown)

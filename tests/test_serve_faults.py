@@ -191,7 +191,7 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
     the server exits 0 without a traceback, and no worker process is left behind."""
     from ranmt.serving.launcher import launch_server
 
-    process, url = launch_server(["--checkpoint", f"T={runs['transf']}", "--drain-s", "20",
+    process, url = launch_server(["--checkpoint", f"T={runs['transf']}", "--drain-s", "60",
                                   "--worker-stall-s", "60", "--batch-window-ms", "1",
                                   *UNNICED],
                                  wait_s=60, errors_to=tmp_path / "serve.log")
@@ -209,7 +209,7 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(runs, tmp_path)
             _until(lambda: _post(f"{url}/translate", b'{"text": ["a"]}')[0] == 503, 10)
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
-            status, body = held.result(timeout=30)
+            status, body = held.result(timeout=90)
         assert status == 200, (body, (tmp_path / "serve.log").read_text()[-2000:])
         assert process.wait(timeout=30) == 0
         errors = (tmp_path / "serve.log").read_text()

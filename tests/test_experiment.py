@@ -261,6 +261,22 @@ def test_precision_note_names_the_cells_of_each_precision_and_skips_unrecorded_o
     assert "(bf16: 5 cells | fp32: d / B / seed 3)" in precision_note(many)
 
 
+def test_a_stopped_cell_goes_on_in_the_precision_its_checkpoint_records(tmp_path):
+    """What the runner warns about is what training does: a resumed run keeps the
+    precision it started in (the step checkpoint's trainer state), whatever this machine's
+    ``auto`` would pick."""
+    from ranmt.checkpoint import FORMAT_VERSION, write_meta
+    from ranmt.experiment import load_experiment
+    from ranmt.experiment.reuse import precision_it_trains_in
+
+    cell = load_experiment(_grid(tmp_path)).cells()[0]
+    step = cell.run_dir / "checkpoints" / "step_00000010"
+    step.mkdir(parents=True)
+    for precision in ("bf16", "fp32"):
+        write_meta(step, {"format_version": FORMAT_VERSION, "trainer": {"precision": precision}})
+        assert precision_it_trains_in(cell, data_dir=None) == precision
+
+
 def test_significance_rule_on_hand_made_scores():
     """† needs every seed significant in one direction; ‡ is Welch's t-test over seeds."""
     from scipy.stats import t as student_t
@@ -385,9 +401,11 @@ def test_per_seed_table_lists_every_cell_and_marks_the_missing_ones(tmp_path, mo
     assert "## d — a" not in markdown and "## d — training" in markdown
 
 
-def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
+def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path, capsys):
     """Two variants x two seeds at train.max_steps: every cell runs exactly that many steps;
-    --seeds runs a subset, --tables-only trains nothing, the table states the steps."""
+    --seeds runs a subset, --tables-only trains nothing, the table states the steps. A
+    finished cell recorded in another precision: the cells trained after it say so, and
+    results.md names it."""
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
     config["seeds"] = [1, 2]
@@ -402,7 +420,22 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
                                                                      ("RAN-ALL", 2)]
     main(["experiment", str(path), "--tables-only"])
     assert len(json.loads((exp / "results.json").read_text())["cells"]) == 2
+    assert "Not every cell trained in the same precision" not in (exp / "results.md").read_text()
+    moved = exp / "runs/reverse/RAN-ALL/seed2/cell.json"  # as if trained on another machine
+    cell = json.loads(moved.read_text())
+    ours = cell["train"]["precision"]
+    other = {"fp32": "bf16", "bf16": "fp32"}[ours]
+    moved.write_text(json.dumps({**cell, "train": {**cell["train"], "precision": other}}))
+    capsys.readouterr()
     main(["experiment", str(path)])
+    said = "".join(capsys.readouterr())
+    assert said.count(f"trains in {ours}, where finished cells of the grid trained 1 in "
+                      f"{other};") == 2, said
+    assert (f"({ours}: reverse / TransF / seed 1; reverse / RAN-ALL / seed 1; reverse / "
+            f"TransF / seed 2 | {other}: reverse / RAN-ALL / seed 2)"
+            ) in (exp / "results.md").read_text()
+    moved.write_text(json.dumps(cell))
+    main(["experiment", str(path), "--tables-only"])
     results = json.loads((exp / "results.json").read_text())
     assert results["complete"] and len(results["cells"]) == 4
     assert {c["train"]["steps"] for c in results["cells"]} == {30}
@@ -415,16 +448,6 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path):
     assert "| TransF | 2 | 30 |" in markdown and "| RAN-ALL | 2 | 30 |" in markdown
     assert (exp / "validation_reverse.png").stat().st_size > 1000
     assert "Not every cell trained in the same precision" not in markdown
-    # a cell that trained in another precision (another machine's `auto`) is named
-    moved = exp / "runs/reverse/RAN-ALL/seed2/cell.json"
-    cell = json.loads(moved.read_text())
-    other = {"fp32": "bf16", "bf16": "fp32"}[cell["train"]["precision"]]
-    moved.write_text(json.dumps({**cell, "train": {**cell["train"], "precision": other}}))
-    main(["experiment", str(path), "--tables-only"])
-    assert (f"({cell['train']['precision']}: reverse / TransF / seed 1; reverse / RAN-ALL / "
-            f"seed 1; reverse / TransF / seed 2 | {other}: reverse / RAN-ALL / seed 2)"
-            ) in (exp / "results.md").read_text()
-    moved.write_text(json.dumps(cell))
     # --baseline: the same cells against RAN-ALL; every difference flips its sign
     main(["experiment", str(path), "--tables-only", "--baseline", "RAN-ALL"])
     against = json.loads((exp / "results.vs-RAN-ALL.json").read_text())

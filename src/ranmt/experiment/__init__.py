@@ -35,6 +35,7 @@ from ranmt.experiment.reuse import (
     expected_cell_config,
     find_reusable_cell,
     find_warm_start,
+    precision_it_trains_in,
     warm_start,
     warm_start_if_possible,
     warm_start_state,
@@ -112,6 +113,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
             eta = (f", ETA {statistics.mean(durations) * remaining / 60:.0f} min for the "
                    f"{remaining} cells left (this worker)" if durations else "")
             if not _reuse_or_warm_start(cell, data_dir, reuse_from, label, log):
+                _warn_if_another_precision(cell, grid, data_dir, label, log)
                 log(f"{label}: running{eta}")
                 start = time.monotonic()
                 run_cell(cell, data_dir, log)
@@ -123,6 +125,26 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
         log(f"{len(elsewhere)} cell(s) are still running in other workers; the last worker "
             "to finish writes the complete tables")
     return tables.current()
+
+
+def _warn_if_another_precision(cell: Cell, grid: list[Cell], data_dir: Path, label: str,
+                               log) -> None:
+    """Say so before ``cell`` trains in a precision other than the one the grid's finished
+    cells trained in (``auto`` resolves by the hardware: bf16 only where it is native);
+    results.md names such cells too (:func:`~ranmt.experiment.results.precision_note`)."""
+    finished: dict[str, int] = {}
+    for other in grid:
+        if other.finished:
+            recorded = other.result().get("train", {}).get("precision")
+            if recorded:
+                finished[recorded] = finished.get(recorded, 0) + 1
+    precision = precision_it_trains_in(cell, data_dir)
+    others = [f"{count} in {name}" for name, count in sorted(finished.items())
+              if name != precision]
+    if others:
+        log(f"{label}: trains in {precision}, where finished cells of the grid trained "
+            f"{', '.join(others)}; results.md will name it (set train.precision in the "
+            "grid's overrides to train every cell in one precision)")
 
 
 class _Tables:

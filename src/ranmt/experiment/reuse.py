@@ -6,6 +6,7 @@ resolved config (precision included) and byte-identical prepared data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ranmt.checkpoint import read_meta, step_checkpoints, write_meta
+from ranmt.checkpoint import CheckpointError, read_meta, step_checkpoints, write_meta
 from ranmt.config import decode_with, to_dict
 from ranmt.data.corpus import fill_config_from_data
 from ranmt.experiment.spec import Cell, source_run_dir
@@ -84,6 +85,19 @@ def expected_cell_config(cell: Cell, data_dir: Path) -> dict:
     except PrecisionError:
         precision = cfg.train.precision  # the cell itself will say why it cannot run
     return _comparable_config(to_dict(cfg), precision)
+
+
+def precision_it_trains_in(cell: Cell, data_dir: Path) -> str:
+    """The precision cell ``cell`` will train in when it runs now: a cell stopped part-way
+    goes on in the one its newest step checkpoint records (training keeps it); a new one
+    in what its config's precision resolves to on this machine."""
+    steps = step_checkpoints(cell.run_dir)
+    if steps:
+        with contextlib.suppress(CheckpointError):
+            recorded = read_meta(steps[-1]).get("trainer", {}).get("precision")
+            if recorded:
+                return recorded
+    return expected_cell_config(cell, data_dir)["train"]["precision"]
 
 
 def _same_data(ours: Path, theirs: Path, tests: list[str]) -> str | None:

@@ -83,38 +83,53 @@ import sys
 import torch
 from ranmt.runtime.memory import cap_onednn_primitive_cache
 cap_onednn_primitive_cache()
-weight = torch.randn(64, 32, dtype=torch.bfloat16)
-def product(rows):
-    torch.nn.functional.linear(torch.randn(rows, 32, dtype=torch.bfloat16), weight)
+if sys.argv[1] == "bf16-linear":
+    weight = torch.randn(64, 32, dtype=torch.bfloat16)
+    def product(rows):
+        torch.nn.functional.linear(torch.randn(rows, 32, dtype=torch.bfloat16), weight)
+else:  # an fp32 convolution: oneDNN's on every x86 CPU, AVX2 alone included
+    kernel = torch.randn(8, 4, 3, 3)
+    def product(rows):
+        torch.nn.functional.conv2d(torch.randn(2, 4, rows, 16), kernel)
 product(7)
 for rows in range(10, 30):
     product(rows)
 print("AGAIN", flush=True)
 product(7)
 """
+PRIMITIVES = {"bf16-linear": "", "fp32-conv": ",convolution,"}
+"""The probe's products, and what names the product's own primitive in oneDNN's log ("":
+the first primitive the product creates)."""
 
 
-def _second_creation(env_value: str | None) -> str | None:
-    """oneDNN's verbose verdict on re-creating the first product after 20 other shapes."""
+def _second_creation(env_value: str | None, probe: str) -> str | None:
+    """oneDNN's verbose verdict on re-creating the first product of ``probe`` after 20 other
+    shapes (None: the product does not go through oneDNN on this CPU)."""
     env = {k: v for k, v in os.environ.items() if k not in ONEDNN_CACHE_VARIABLES}
     env["ONEDNN_VERBOSE"] = "all"
     if env_value is not None:
         env[NEW] = env_value
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", _PROBE, probe], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout
     after = out.split("AGAIN", 1)[1]
-    for field in after.split(","):
-        if field.startswith("create:cache_"):
-            return field.removeprefix("create:")
+    for line in after.splitlines():
+        if PRIMITIVES[probe] not in line:
+            continue
+        for field in line.split(","):
+            if field.startswith("create:cache_"):
+                return field.removeprefix("create:")
     return None
 
 
 def test_the_capacity_set_after_import_torch_reaches_onednn():
     """Capped (the probe calls cap_onednn_primitive_cache after `import torch`): the first
     shape was evicted by 20 others and is built again; with 1,024 in the environment (which
-    the call leaves alone) it is still cached."""
-    capped = _second_creation(None)
-    if capped is None:
-        pytest.skip("this CPU's bf16 products do not go through oneDNN")
-    assert capped == "cache_miss"
-    assert _second_creation("1024") == "cache_hit"
+    the call leaves alone) it is still cached. An fp32 convolution on every CPU, and the
+    bf16 products that training runs where this CPU computes them with oneDNN (not on an
+    AVX2-only CPU)."""
+    assert _second_creation(None, "fp32-conv") == "cache_miss"
+    assert _second_creation("1024", "fp32-conv") == "cache_hit"
+    capped = _second_creation(None, "bf16-linear")
+    if capped is not None:
+        assert capped == "cache_miss"
+        assert _second_creation("1024", "bf16-linear") == "cache_hit"

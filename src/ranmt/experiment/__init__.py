@@ -29,7 +29,7 @@ from ranmt.experiment.cells import (
     run_cell,
 )
 from ranmt.experiment.plan import plan_experiment
-from ranmt.experiment.results import write_comparison, write_results
+from ranmt.experiment.results import precision_groups, write_comparison, write_results
 from ranmt.experiment.reuse import (
     adopt_cell,
     expected_cell_config,
@@ -132,14 +132,9 @@ def _warn_if_another_precision(cell: Cell, grid: list[Cell], data_dir: Path, lab
     """Say so before ``cell`` trains in a precision other than the one the grid's finished
     cells trained in (``auto`` resolves by the hardware: bf16 only where it is native);
     results.md names such cells too (:func:`~ranmt.experiment.results.precision_note`)."""
-    finished: dict[str, int] = {}
-    for other in grid:
-        if other.finished:
-            recorded = other.result().get("train", {}).get("precision")
-            if recorded:
-                finished[recorded] = finished.get(recorded, 0) + 1
+    finished = precision_groups([other.result() for other in grid if other.finished])
     precision = precision_it_trains_in(cell, data_dir)
-    others = [f"{count} in {name}" for name, count in sorted(finished.items())
+    others = [f"{len(names)} in {name}" for name, names in sorted(finished.items())
               if name != precision]
     if others:
         log(f"{label}: trains in {precision}, where finished cells of the grid trained "

@@ -76,18 +76,26 @@ NAMED_CELLS_AT_MOST = 4
 """:func:`precision_note` names the cells of a precision up to this many, else counts them."""
 
 
-def precision_note(cells: list[dict]) -> str:
-    """A warning for results.md when the finished cells did not all train in the same
-    precision (as their cell.json records it; cells from before it was recorded are left
-    out), else "". ``auto`` trains in bf16 only where the hardware computes it natively, so
-    a grid whose cells ran on different machines can mix precisions (a resumed cell keeps
-    the precision it started in)."""
+def precision_groups(cells: list[dict]) -> dict[str, list[str]]:
+    """Finished cells (cell.json dicts) by the precision they record having trained in:
+    precision -> "dataset / variant / seed N" labels (cells from before it was recorded
+    are left out)."""
     groups: dict[str, list[str]] = {}
     for cell in cells:
         precision = cell.get("train", {}).get("precision")
         if precision:
             groups.setdefault(precision, []).append(
                 f"{cell['dataset']} / {cell['variant']} / seed {cell['seed']}")
+    return groups
+
+
+def precision_note(cells: list[dict]) -> str:
+    """A warning for results.md when the finished cells did not all train in the same
+    precision (as their cell.json records it; cells from before it was recorded are left
+    out), else "". ``auto`` trains in bf16 only where the hardware computes it natively, so
+    a grid whose cells ran on different machines can mix precisions (a resumed cell keeps
+    the precision it started in)."""
+    groups = precision_groups(cells)
     if len(groups) < 2:
         return ""
     parts = []

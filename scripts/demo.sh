@@ -8,7 +8,8 @@
 #   4. one sentence translated by both;
 #   5. `ranmt serve` on both, the attention explorer at http://127.0.0.1:$PORT/ (Ctrl-C stops).
 # Variables: BUDGET (train.max_time per model: 4m, 90s, 1h; default 3m), DEMO (output folder, default demo), PORT (8080),
-# SERVE=0 to stop after step 4; EVAL_FLAGS: extra decoding flags of step 3 (e.g. "--beam 1").
+# SERVE=0 to stop after step 4; EVAL_FLAGS: extra decoding flags of step 3 (e.g. "--beam 1");
+# TRAIN_FLAGS: extra key=value overrides of step 2 (e.g. "decode.max_len_b=4").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUDGET="${BUDGET:-3m}"
@@ -16,6 +17,7 @@ DEMO="${DEMO:-demo}"
 PORT="${PORT:-8080}"
 SERVE="${SERVE:-1}"
 EVAL_FLAGS="${EVAL_FLAGS:-}"
+TRAIN_FLAGS="${TRAIN_FLAGS:-}"
 BIN="${BIN:-.venv/bin}"
 RANMT="$BIN/ranmt"
 DATA="$DEMO/data"
@@ -34,7 +36,7 @@ for arch in transf ran-all; do
     # learning rate in time; validation only at the end.
     "$RANMT" train --data "$DATA" --out "$DEMO/$arch" --config configs/multi30k_small.yaml \
         "model.arch=$arch" "train.max_time=$BUDGET" train.warmup_steps=150 \
-        train.validate_every=100000 train.valid_max_sentences=200
+        train.validate_every=100000 train.valid_max_sentences=200 $TRAIN_FLAGS
 done
 
 echo "== 3/5 test_2016_flickr: BLEU, chrF, TER and paired bootstrap (RAN-ALL against TransF)"

@@ -49,8 +49,10 @@ def test_a_killed_cell_job_resumes_and_every_cell_finishes_once(tmp_path):
     _wait_for(lambda: _training_started(ran_run), 240, "RAN-ALL's first training steps")
     ran.cancel()  # SIGINT: the trainer saves a checkpoint and the cell stays unfinished
     assert transf.result() is True
-    with pytest.raises(Exception):  # noqa: B017 - the cancelled job's error, whatever it is
-        ran.result()
+    # The cancelled job ends without a result (its `result()` would raise only after
+    # submitit's 15 s wait for a result file that never comes).
+    ran.wait()
+    assert not ran.paths.result_pickle.exists()
     transf_cell = exp / "runs/reverse/TransF/seed1/cell.json"
     assert transf_cell.is_file() and not (ran_run.parent / "cell.json").is_file()
     finished_at = transf_cell.stat().st_mtime_ns

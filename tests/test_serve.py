@@ -28,8 +28,11 @@ from ranmt.serving.launcher import launch_server  # noqa: E402
 SENTENCES = ["a b c", "d e f g", "h i", "j k l m n", "o p", "a c e g i", "b d f", "p o n m"]
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def client(translators):
+    """One app for the module's request tests (starting its decoding workers takes ~0.9 s):
+    each refused input is followed by a good request, so the same server keeps serving
+    through all of them. Tests that break or reconfigure a server make their own."""
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=30)
     with TestClient(create_app(translators, limits)) as test_client:
         yield test_client

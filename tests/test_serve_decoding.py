@@ -20,8 +20,9 @@ from ranmt.serving.batching import Batcher, Work  # noqa: E402
 LINES = ["a b c d", "e f", "g h i j k"]
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def client(translators):
+    """One app for the module's request tests (its decoding workers start once)."""
     limits = ServeLimits(max_lines=10, max_chars=200, max_beam=8, batch_window_ms=1)
     with TestClient(create_app(translators, limits)) as test_client:
         yield test_client

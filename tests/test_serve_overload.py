@@ -30,7 +30,7 @@ from ranmt.serving.batching import (  # noqa: E402
 @pytest.fixture()
 def slow_decoding(monkeypatch):
     """Every batch (batch-level batching) and every decoding step (step-level) takes at
-    least 0.3 s: a burst piles up in the queue. Returns an event set when the first batch
+    least 0.15 s: a burst piles up in the queue. Returns an event set when the first batch
     or step starts decoding."""
     import threading
 
@@ -41,12 +41,12 @@ def slow_decoding(monkeypatch):
 
     def slow_ids(self, ids, *args, **kwargs):
         decoding.set()
-        time.sleep(0.3)
+        time.sleep(0.15)
         return original_ids(self, ids, *args, **kwargs)
 
     def slow_step(self):
         decoding.set()
-        time.sleep(0.3)
+        time.sleep(0.15)
         return original_step(self)
 
     monkeypatch.setattr(Translator, "translate_ids", slow_ids)
@@ -89,7 +89,7 @@ def test_a_request_whose_batch_has_not_started_by_its_deadline_gets_504(translat
     limits = ServeLimits(batch_window_ms=1, request_timeout_s=5, workers="thread")
     with TestClient(create_app(translators, limits)) as client, ThreadPoolExecutor(2) as pool:
         first = pool.submit(client.post, "/translate", json={"text": ["a b c"]})
-        assert slow_decoding.wait(30)  # the first batch is decoding (for 0.3 s)
+        assert slow_decoding.wait(30)  # the first batch is decoding (0.15 s a step)
         late = client.post("/translate", json={"text": ["d e f"], "timeout_s": 0.05})
         assert late.status_code == 504 and "deadline" in late.json()["error"]
         assert first.result().status_code == 200
@@ -168,17 +168,25 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize(("body", "status", "message"), HOSTILE)
-def test_hostile_bodies_are_4xx(translators, body, status, message):
+@pytest.fixture(scope="module")
+def roomy_client(translators):
+    """One app with room for the hostile bodies (200,000 characters), shared by their tests:
+    each checks that the server still answers a good request after its body."""
     limits = ServeLimits(max_lines=10, max_chars=200000)
     with TestClient(create_app(translators, limits)) as client:
-        response = client.post("/translate", content=body,
-                               headers={"Content-Type": "application/json"})
-        assert response.status_code == status and message in response.json()["error"]
-        plain = client.post("/translate", content=b'{"text": ["a"]}',
-                            headers={"Content-Type": "text/plain"})
-        assert plain.status_code == 415
-        assert client.post("/translate", json={"text": ["a"]}).status_code == 200
+        yield client
+
+
+@pytest.mark.parametrize(("body", "status", "message"), HOSTILE)
+def test_hostile_bodies_are_4xx(roomy_client, body, status, message):
+    client = roomy_client
+    response = client.post("/translate", content=body,
+                           headers={"Content-Type": "application/json"})
+    assert response.status_code == status and message in response.json()["error"]
+    plain = client.post("/translate", content=b'{"text": ["a"]}',
+                        headers={"Content-Type": "text/plain"})
+    assert plain.status_code == 415
+    assert client.post("/translate", json={"text": ["a"]}).status_code == 200
 
 
 def test_metrics_health_and_readiness(translators):

@@ -657,7 +657,9 @@ def test_a_cell_stopped_by_sigterm_resumes_from_another_checkout_bit_identical(
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
     config["variants"] = config["variants"][:1]
-    config["overrides"].update({"train.max_steps": 80, "train.validate_every": 10,
+    steps = 80
+    last = f"step_{steps:08d}"
+    config["overrides"].update({"train.max_steps": steps, "train.validate_every": 10,
                                 "train.threads": 1})
     path.write_text(yaml.safe_dump(config))
     cell = "runs/reverse/TransF/seed1"
@@ -682,7 +684,7 @@ def test_a_cell_stopped_by_sigterm_resumes_from_another_checkout_bit_identical(
     assert not (tmp_path / "checkout-a" / "grid" / cell / "cell.json").exists()
     assert not (tmp_path / "checkout-a" / "grid" / cell / "run").exists()
     saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert saved and saved[-1] < "step_00000080"  # stopped before the end
+    assert saved and saved[-1] < last  # stopped before the end
 
     # Another checkout: the grid's committed files only (no run folder, no lock).
     shutil.copytree(tmp_path / "checkout-a" / "grid", tmp_path / "checkout-b" / "grid",
@@ -695,11 +697,11 @@ def test_a_cell_stopped_by_sigterm_resumes_from_another_checkout_bit_identical(
 
     ours = json.loads((tmp_path / "checkout-b" / "grid" / cell / "cell.json").read_text())
     theirs = json.loads((tmp_path / "straight" / "grid" / cell / "cell.json").read_text())
-    assert ours["train"]["steps"] == theirs["train"]["steps"] == 80
+    assert ours["train"]["steps"] == theirs["train"]["steps"] == steps
     assert ours["train"]["validations"] == theirs["train"]["validations"]
     assert ours["train"]["best_step"] == theirs["train"]["best_step"]
     straight_run = tmp_path / "work-straight" / "grid" / cell / "run"
-    for folder in ("best", "checkpoints/step_00000080"):
+    for folder in ("best", f"checkpoints/{last}"):
         a = load_file(run_dir / folder / "model.safetensors")
         b = load_file(straight_run / folder / "model.safetensors")
         assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

@@ -265,24 +265,26 @@ def _train_subprocess(data: Path, run: Path, steps: int) -> subprocess.Popen:
 
 def test_sigkill_then_resume_equals_uninterrupted(reverse_data, tmp_path):
     """Kill a real training process with SIGKILL mid-epoch; resuming reaches the same weights."""
-    straight = _train_subprocess(reverse_data, tmp_path / "straight", 100)
+    steps = 100  # within the reverse task's first epoch
+    last = f"checkpoints/step_{steps:08d}"
+    straight = _train_subprocess(reverse_data, tmp_path / "straight", steps)
     assert straight.wait(timeout=300) == 0
-    killed = _train_subprocess(reverse_data, tmp_path / "killed", 100)
+    killed = _train_subprocess(reverse_data, tmp_path / "killed", steps)
     deadline = time.time() + 300
     while not (tmp_path / "killed/checkpoints/step_00000040/checkpoint.json").exists():
         assert time.time() < deadline and killed.poll() is None
         time.sleep(0.02)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    assert not (tmp_path / "killed/checkpoints/step_00000100").exists()
-    resumed = _train_subprocess(reverse_data, tmp_path / "killed", 100)
+    assert not (tmp_path / "killed" / last).exists()
+    resumed = _train_subprocess(reverse_data, tmp_path / "killed", steps)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
     summary = json.loads((tmp_path / "killed/summary.json").read_text())
     started = summary["resumed_from_step"]  # the last checkpoint before the kill
-    assert started is not None and 40 <= started < 100
-    assert summary["steps_this_run"] == 100 - started
-    a = load_file(str(tmp_path / "straight/checkpoints/step_00000100/model.safetensors"))
-    b = load_file(str(tmp_path / "killed/checkpoints/step_00000100/model.safetensors"))
+    assert started is not None and 40 <= started < steps
+    assert summary["steps_this_run"] == steps - started
+    a = load_file(str(tmp_path / "straight" / last / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / last / "model.safetensors"))
     for key in a:
         assert torch.equal(a[key], b[key]), key
 

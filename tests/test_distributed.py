@@ -63,7 +63,6 @@ def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_d
     assert "2 processes" in log[0]
 
 
-
 def test_a_worker_that_fails_exits_with_the_cli_status_without_teardown(tmp_path):
     """An error in a torchrun worker leaves with the CLI's status 2, not through interpreter
     teardown (where gloo's leaked threads can turn it into an abort)."""

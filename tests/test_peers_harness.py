@@ -20,7 +20,6 @@ pytest.importorskip("ctranslate2")
 pytest.importorskip("transformers")
 
 
-
 def _peers():
     return load_script("benchmarks/peers.py")
 

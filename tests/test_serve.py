@@ -198,7 +198,6 @@ def test_model_names():
         model_names(["a/run", "b/run"])
 
 
-
 @pytest.mark.parametrize(("http", "loop"), [("auto", "auto"), ("h11", "asyncio"),
                                             ("httptools", "uvloop")])
 def test_the_http_parser_and_event_loop_reach_uvicorn(runs, monkeypatch, http, loop):

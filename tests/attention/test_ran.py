@@ -243,7 +243,6 @@ def test_fixed_matrices_get_no_gradient(key, arch):
     assert attention.value_proj.weight.grad is not None
 
 
-
 def test_parameter_counts_match_formulas():
     """RAN adds H N^2 + N^2 + N + 2N per stack and removes W_q, W_k (2(d^2 + d) per layer);
     Syn-R adds H N^2 per layer and removes W_q, W_k."""

@@ -183,7 +183,6 @@ class LineDecoding:
                 del self.decoders[lane], self.keys[lane]
 
 
-
 class ThreadDecoding:
     """Step-level decoding in the server's decoding thread (``executor``). Lines dropped
     while a step runs there are dropped before the next step, in that thread."""

@@ -236,7 +236,6 @@ def _latest_training_checkpoint(run_dir: Path) -> Path | None:
     return steps[-1] if steps else None
 
 
-
 class TrainingRun:
     """One training run as a recipe that reads top to bottom (torchtune style).
 

@@ -48,7 +48,7 @@ def test_the_filter_names_its_reason():
 def test_distilled_corpus_is_the_teachers_translations_and_prepares(reverse_run, reverse_data,
                                                                     tmp_path):
     teacher = Translator.load(reverse_run, device="cpu", beam=2)
-    out = tmp_path / "distilled"
+    out = tmp_path / "distilled 'out'"  # the report's command quotes its paths
     report = distill(teacher, reverse_data, out, split="test", chunk_lines=64)
     sources = raw_text(reverse_data, "test", "src")
     assert report["lines"] == len(sources) == 200

@@ -32,6 +32,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -132,7 +133,8 @@ def distill(translator, data_dir: str | Path, out_dir: str | Path, split: str = 
         log(f"resuming: {chunks - len(missing)} of {chunks} parts already written")
     started, words = time.perf_counter(), 0
     translator.progress = False
-    bar = tqdm(total=len(sources), initial=(chunks - len(missing)) * chunk_lines, unit="line",
+    to_translate = sum(len(sources[n * chunk_lines: (n + 1) * chunk_lines]) for n in missing)
+    bar = tqdm(total=len(sources), initial=len(sources) - to_translate, unit="line",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     for done, number in enumerate(missing):
         if stop_after is not None and done >= stop_after:
@@ -267,10 +269,12 @@ def _prepare_command(data_dir: Path, out_dir: Path, meta: dict, split: str,
     """The ``ranmt prepare`` call that encodes the distilled corpus with the teacher's
     SentencePiece models."""
     tests = [name for name in others if name not in ("valid", "train")]
-    parts = ["ranmt prepare", f"--src {meta['src_lang']}", f"--tgt {meta['tgt_lang']}",
-             f"--train {out_dir / split}", f"--valid {out_dir / 'valid'}",
-             *(f"--test {name}={out_dir / name}" for name in tests),
-             f"--spm-src {data_dir / 'spm.src.model'}", f"--spm-tgt {data_dir / 'spm.tgt.model'}",
-             f"--max-positions {meta.get('max_positions', 256)}",
-             f"--out {out_dir / 'prepared'}"]
-    return " ".join(parts)
+    words = ["ranmt", "prepare", "--src", meta["src_lang"], "--tgt", meta["tgt_lang"],
+             "--train", str(out_dir / split), "--valid", str(out_dir / "valid")]
+    for name in tests:
+        words += ["--test", f"{name}={out_dir / name}"]
+    words += ["--spm-src", str(data_dir / "spm.src.model"),
+              "--spm-tgt", str(data_dir / "spm.tgt.model"),
+              "--max-positions", str(meta.get("max_positions", 256)),
+              "--out", str(out_dir / "prepared")]
+    return shlex.join(words)  # paths with spaces or quotes stay one word each

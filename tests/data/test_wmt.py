@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import shlex
 import tarfile
 import urllib.error
 from pathlib import Path
@@ -103,8 +104,9 @@ def test_wmt14_en_de_from_archives_on_disk(tmp_path, wmt14_en_de):
     assert (out / "newstest2013.en").read_text().splitlines()[2] == "en news 2 &amp; more"
     assert len((out / "newstest2014.de").read_text().splitlines()) == 9
     assert not (out / ".download.tmp").exists()
-    assert any(m.startswith("next: ranmt prepare --src en --tgt de --train") and
-               "--vocab-size 40000" in m for m in messages)
+    hint = next(m for m in messages if m.startswith("next: ranmt prepare "))
+    assert hint.startswith("next: ranmt prepare --src en --tgt de --train")
+    assert "--vocab-size 40000" in hint
     # The other direction takes the German-original test files.
     download_wmt("wmt14", "de-en", tmp_path / "back", wmt14_en_de, log=messages.append)
     assert (tmp_path / "back/newstest2014.de").read_text() == \
@@ -334,3 +336,17 @@ def test_sgml_is_read_as_sacrebleu_reads_it(tmp_path):
         expected = handle.read().split("\n")[:-1]
     assert wmt.sgml_lines(text.encode("utf-8")) == expected
     assert expected[0] == "two spaces and a tab" and len(expected) == 4
+
+
+def test_the_prepare_hint_parses_to_the_downloaded_files_from_a_folder_with_spaces(
+        tmp_path, wmt14_en_de):
+    from ranmt.cli import build_parser
+
+    messages = []
+    out = tmp_path / "my corpora's folder"
+    result = download_wmt("wmt14", "en-de", out, wmt14_en_de, log=messages.append)
+    hint = next(m for m in messages if m.startswith("next: "))
+    args = build_parser().parse_args(shlex.split(hint.removeprefix("next: "))[1:])
+    assert args.train == result["train"] and args.valid == result["valid"]
+    assert args.test == [f"newstest2014={out / 'newstest2014'}"]
+    assert (args.src, args.tgt, args.vocab_size, args.joint) == ("en", "de", 40000, True)

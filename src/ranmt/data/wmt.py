@@ -38,6 +38,7 @@ import gzip
 import hashlib
 import io
 import re
+import shlex
 import shutil
 import tarfile
 import urllib.error
@@ -464,12 +465,12 @@ def _extract_training(task: Task, other: str, archives_dir: Path, sources: list[
 
 
 def _prepare_hint(year: str, pair: str, result: dict) -> str:
+    """The ``ranmt prepare`` call for what was downloaded, quoted for a shell."""
     src, tgt = pair.split("-")
     vocab = 40000 if year == "wmt14" else 32000  # the RAN paper's joint vocabularies
     name, prefix = next(iter(result["tests"].items()))
-    return ("next: ranmt prepare --src {src} --tgt {tgt} --train {train} --valid {valid} "
-            "--test {name}={prefix} --vocab-size {vocab} --joint --out data/{year}-{pair}"
-            ).format(src=src, tgt=tgt, train=" ".join(result["train"]),
-                     valid=result["valid"], name=name, prefix=prefix, vocab=vocab,
-                     year=year, pair=pair)
+    words = ["ranmt", "prepare", "--src", src, "--tgt", tgt, "--train", *result["train"],
+             "--valid", result["valid"], "--test", f"{name}={prefix}",
+             "--vocab-size", str(vocab), "--joint", "--out", f"data/{year}-{pair}"]
+    return "next: " + shlex.join(words)
 

@@ -1,0 +1,99 @@
+"""The ``ranmt`` commands the README and docs/ show in their shell blocks are ones ranmt
+accepts: each parses with the CLI's own parser, and a ``ranmt train`` command's config file
+and ``key=value`` overrides load, an ``experiment`` command's grid loads with the variants,
+seeds and datasets it picks. A flag, config key or grid entry renamed without its docs
+fails here. Synopses (``[--flag VALUE]``, ``a|b``, ``...``) are not literal commands and are
+left out."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ranmt.cli import build_parser
+from ranmt.config import load_config
+from ranmt.experiment.spec import load_experiment
+
+ROOT = Path(__file__).resolve().parents[1]
+SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.S)
+COMMAND = re.compile(r"(?:^|\s)(?:\.venv/bin/)?ranmt ([a-z][a-z-]*(?: .*)?)$")
+SYNOPSIS = re.compile(r"\[|\.\.\.|\w\|\w|\(|[A-Z]{3,} ?$")
+SHELL_END = re.compile(r"\s(?:\||&&|;|>|<|2>)")
+
+
+def documented_commands(text: str) -> list[str]:
+    """The argument strings (after ``ranmt``) of the literal commands in ``text``'s shell
+    blocks: continuation lines joined, comments, pipes and redirections cut off."""
+    commands = []
+    for block in SHELL_BLOCK.findall(text):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" # ")[0].strip()
+            found = COMMAND.search(line)
+            if line.startswith("#") or not found:
+                continue
+            command = SHELL_END.split(found.group(1))[0].strip()
+            if not SYNOPSIS.search(command):
+                commands.append(command)
+    return commands
+
+
+def _docs() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _parse(argv: list[str]):
+    """The parsed arguments, or the parser's error message as an AssertionError."""
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            return build_parser().parse_args(argv)
+    except SystemExit:
+        raise AssertionError(errors.getvalue().strip().splitlines()[-1]) from None
+
+
+def test_the_extraction_finds_commands_and_skips_synopses():
+    text = ("```bash\nranmt train --data d --out r \\\n    model.preset=tiny  # a comment\n"
+            "zcat x.gz | .venv/bin/ranmt translate --checkpoint r > out.txt\n"
+            "ranmt average --checkpoint RUN --last K --out DIR\n"
+            "ranmt export --checkpoint RUN --format hf-marian|ctranslate2 --out DIR\n"
+            "# ranmt info --checkpoint r\n```\nranmt score --ref r\n")
+    assert [shlex.split(command) for command in documented_commands(text)] == [
+        ["train", "--data", "d", "--out", "r", "model.preset=tiny"],
+        ["translate", "--checkpoint", "r"]]
+
+
+def _check_grid_selection(args) -> None:
+    """The grid file loads and the variants, seeds and datasets a command picks are in it."""
+    grid = load_experiment(ROOT / args.config)
+    for picked, present in ((args.variants, [v.name for v in grid.variants]),
+                            (args.seeds, grid.seeds),
+                            (args.datasets, [d.name for d in grid.datasets])):
+        missing = set(picked or ()) - set(present)
+        assert not missing, f"{sorted(missing)} not in {args.config} ({present})"
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda path: path.name)
+def test_documented_commands_parse_and_their_overrides_load(doc):
+    commands = documented_commands(doc.read_text(encoding="utf-8"))
+    for command in commands:
+        try:
+            args = _parse(shlex.split(command))
+            if args.command == "train":
+                config = args.config if args.config and (ROOT / args.config).is_file() else None
+                load_config(ROOT / config if config else None, args.overrides)
+            elif args.command == "experiment":
+                _check_grid_selection(args)
+        except Exception as err:
+            raise AssertionError(f"{doc.name}: `ranmt {command}`: {err}") from None
+
+
+def test_the_docs_show_commands_of_every_kind():
+    commands = [command for doc in _docs()
+                for command in documented_commands(doc.read_text(encoding="utf-8"))]
+    assert len(commands) >= 25
+    assert {"train", "translate", "prepare", "experiment"} <= {c.split()[0] for c in commands}

@@ -7,9 +7,11 @@ left out."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
+import runpy
 import shlex
 from pathlib import Path
 
@@ -24,19 +26,21 @@ SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.S)
 COMMAND = re.compile(r"(?:^|\s)(?:\.venv/bin/)?ranmt ([a-z][a-z-]*(?: .*)?)$")
 SYNOPSIS = re.compile(r"\[|\.\.\.|\w\|\w|\(|[A-Z]{3,} ?$")
 SHELL_END = re.compile(r"\s(?:\||&&|;|>|<|2>)")
+SCRIPT = re.compile(r"(?:^|\s)python ((?:benchmarks|scripts)/\w+\.py)(.*)$")
 
 
-def documented_commands(text: str) -> list[str]:
-    """The argument strings (after ``ranmt``) of the literal commands in ``text``'s shell
-    blocks: continuation lines joined, comments, pipes and redirections cut off."""
+def documented_commands(text: str, pattern: re.Pattern = COMMAND) -> list[str]:
+    """The argument strings (after ``ranmt``; with :data:`SCRIPT`, the script's path and
+    its arguments) of the literal commands in ``text``'s shell blocks: continuation lines
+    joined, comments, pipes and redirections cut off."""
     commands = []
     for block in SHELL_BLOCK.findall(text):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.split(" # ")[0].strip()
-            found = COMMAND.search(line)
+            found = pattern.search(line)
             if line.startswith("#") or not found:
                 continue
-            command = SHELL_END.split(found.group(1))[0].strip()
+            command = SHELL_END.split(" ".join(found.groups()))[0].strip()
             if not SYNOPSIS.search(command):
                 commands.append(command)
     return commands
@@ -97,3 +101,33 @@ def test_the_docs_show_commands_of_every_kind():
                 for command in documented_commands(doc.read_text(encoding="utf-8"))]
     assert len(commands) >= 25
     assert {"train", "translate", "prepare", "experiment"} <= {c.split()[0] for c in commands}
+
+
+class _StopAfterParsingError(Exception):
+    """Raised by the patched ``parse_args`` once a script's arguments parsed."""
+
+
+def test_documented_benchmark_and_script_commands_parse(monkeypatch):
+    """``python benchmarks/X.py ...`` / ``scripts/X.py`` in the docs' shell blocks: each
+    script runs as ``__main__`` until its parser has parsed the documented arguments (a
+    patched ``parse_args`` stops it there: nothing is benchmarked)."""
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        raise _StopAfterParsingError(parse_args(parser, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    checked = 0
+    for doc in _docs():
+        for command in documented_commands(doc.read_text(encoding="utf-8"), SCRIPT):
+            script, *argv = shlex.split(command)
+            monkeypatch.setattr("sys.argv", [script, *argv])
+            errors = io.StringIO()
+            with pytest.raises(_StopAfterParsingError), contextlib.redirect_stderr(errors):
+                try:
+                    runpy.run_path(str(ROOT / script), run_name="__main__")
+                except SystemExit:
+                    message = (errors.getvalue().strip().splitlines() or ["(no message)"])[-1]
+                    raise AssertionError(f"{doc.name}: `python {command}`: {message}") from None
+            checked += 1
+    assert checked >= 5

@@ -274,6 +274,8 @@ def test_average_is_the_exact_mean_of_the_newest_steps(tmp_path, vocab_files):
                         {"step": step, "note": "kept"})
     with pytest.raises(CheckpointError, match="^--last must be >= 1$"):
         average_checkpoints(run, 0, tmp_path / "avg0")
+    with pytest.raises(CheckpointError, match="^run .*typo does not exist$"):
+        average_checkpoints(tmp_path / "typo", 2, tmp_path / "avg_typo")
     single, _, _, _ = load_checkpoint(average_checkpoints(run, 1, tmp_path / "avg1"))
     for name, tensor in single.state_dict().items():
         assert torch.equal(tensor, models[2].state_dict()[name]), name

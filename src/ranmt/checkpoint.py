@@ -195,6 +195,8 @@ def average_checkpoints(run: str | Path, last: int, out: str | Path) -> Path:
     run = Path(run)
     if last < 1:
         raise CheckpointError("--last must be >= 1")
+    if not run.is_dir():
+        raise CheckpointError(f"run {run} does not exist")
     steps = step_checkpoints(run)
     if len(steps) < last:
         raise CheckpointError(f"{run} holds {len(steps)} step checkpoint(s), fewer than "

@@ -81,6 +81,11 @@ def test_prepare_filters_and_reports(tmp_path):
     assert any("longer than 19" in m for m in messages)
     split = load_split(tmp_path / "data", "train")
     assert len(split) == 60 and max(len(s) for s in split.src) <= 19
+    with pytest.raises(FileNotFoundError, match="split 'tset' not found in .*; splits there: "
+                                                "train, valid$"):
+        load_split(tmp_path / "data", "tset")
+    with pytest.raises(FileNotFoundError, match="data folder .*dtaa does not exist"):
+        load_split(tmp_path / "dtaa", "train")
     stored = json.loads((tmp_path / "data" / "meta.json").read_text())
     expected_gamma = stored["splits"]["train"]["src_mean_len"] / stored["splits"]["train"][
         "tgt_mean_len"]

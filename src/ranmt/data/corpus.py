@@ -159,6 +159,9 @@ def load_split(data_dir: str | Path, split: str) -> EncodedSplit:
         return EncodedSplit(
             TokenSequences(tensors["src_tokens"].numpy(), tensors["src_offsets"].numpy()),
             TokenSequences(tensors["tgt_tokens"].numpy(), tensors["tgt_offsets"].numpy()))
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"data folder {data_dir} does not exist (a folder written by "
+                                "`ranmt prepare`)")
     raise FileNotFoundError(f"split '{split}' not found in {data_dir}; splits there: "
                             f"{', '.join(available_splits(data_dir)) or 'none'}")
 

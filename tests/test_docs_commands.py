@@ -50,14 +50,17 @@ def _docs() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def _parse(argv: list[str]):
-    """The parsed arguments, or the parser's error message as an AssertionError."""
+@contextlib.contextmanager
+def _parser_errors(what: str):
+    """An argparse exit inside the block as an AssertionError naming ``what`` and the
+    parser's last line of error."""
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            return build_parser().parse_args(argv)
+            yield
     except SystemExit:
-        raise AssertionError(errors.getvalue().strip().splitlines()[-1]) from None
+        message = (errors.getvalue().strip().splitlines() or ["(no message)"])[-1]
+        raise AssertionError(f"{what}: {message}") from None
 
 
 def test_the_extraction_finds_commands_and_skips_synopses():
@@ -85,15 +88,17 @@ def _check_grid_selection(args) -> None:
 def test_documented_commands_parse_and_their_overrides_load(doc):
     commands = documented_commands(doc.read_text(encoding="utf-8"))
     for command in commands:
+        what = f"{doc.name}: `ranmt {command}`"
+        with _parser_errors(what):
+            args = build_parser().parse_args(shlex.split(command))
         try:
-            args = _parse(shlex.split(command))
             if args.command == "train":
-                config = args.config if args.config and (ROOT / args.config).is_file() else None
-                load_config(ROOT / config if config else None, args.overrides)
+                config = ROOT / args.config if args.config else None
+                load_config(config if config and config.is_file() else None, args.overrides)
             elif args.command == "experiment":
                 _check_grid_selection(args)
         except Exception as err:
-            raise AssertionError(f"{doc.name}: `ranmt {command}`: {err}") from None
+            raise AssertionError(f"{what}: {err}") from None
 
 
 def test_the_docs_show_commands_of_every_kind():
@@ -122,12 +127,8 @@ def test_documented_benchmark_and_script_commands_parse(monkeypatch):
         for command in documented_commands(doc.read_text(encoding="utf-8"), SCRIPT):
             script, *argv = shlex.split(command)
             monkeypatch.setattr("sys.argv", [script, *argv])
-            errors = io.StringIO()
-            with pytest.raises(_StopAfterParsingError), contextlib.redirect_stderr(errors):
-                try:
-                    runpy.run_path(str(ROOT / script), run_name="__main__")
-                except SystemExit:
-                    message = (errors.getvalue().strip().splitlines() or ["(no message)"])[-1]
-                    raise AssertionError(f"{doc.name}: `python {command}`: {message}") from None
+            with pytest.raises(_StopAfterParsingError), \
+                    _parser_errors(f"{doc.name}: `python {command}`"):
+                runpy.run_path(str(ROOT / script), run_name="__main__")
             checked += 1
     assert checked >= 5

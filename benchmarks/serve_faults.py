@@ -13,7 +13,12 @@ operator or a fault would, and records every answer's status and time:
 * ``checkpoint``: move the run's folder away and kill the worker: how fast requests are
   refused and with what; the folder back: how long until the model serves again;
 * ``sigterm``: SIGTERM while 4 requests of 64 lines at beam 16 decode: their statuses, how
-  long the server takes to exit, and whether its log holds a traceback.
+  long the server takes to exit, and whether its log holds a traceback;
+* ``starve``: a busy machine, not a fault: the worker (nice 19, as served) shares one CPU
+  with ``--hogs`` spinning processes at nice 0 while 4 requests of 2 lines at beam 4 are
+  sent one after another: their statuses and times, and how often the watchdog took the
+  starved worker for a stalled one (``ranmt_worker_replacements_total{cause="stalled"}``);
+  minutes long (the worker gets ~1% of a core), so not in the default ``--scenarios``.
 
     python benchmarks/serve_faults.py --checkpoint RUN --data DATA --json out.json
 
@@ -28,6 +33,7 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -186,6 +192,40 @@ def scenario_sigterm(run: Path, lines: list[str], log: Path, drain_s: float) -> 
             process.wait()
 
 
+def _stalled_replacements(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("ranmt_worker_replacements_total") and 'cause="stalled"' in line)
+
+
+def scenario_starve(run: Path, lines: list[str], log: Path, stall_s: float, hogs: int) -> dict:
+    process, url = _serve(run, ["--worker-stall-s", str(stall_s)], log)
+    spinning = []
+    try:
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(decoding_workers(process.pid)[0], {cpu})
+        for _ in range(hogs):
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            os.sched_setaffinity(hog.pid, {cpu})
+            spinning.append(hog)
+        start = time.monotonic()
+        answers = [_timed(lambda i=i: _call(f"{url}/translate", {
+            "text": lines[i * 2:(i + 1) * 2], "beam": 4}), start) for i in range(4)]
+        for hog in spinning:
+            hog.kill()
+        return {"worker_stall_s": stall_s, "hogs_at_nice_0": hogs, "answers": answers,
+                "statuses": [answer["status"] for answer in answers],
+                "stalled_replacements": _stalled_replacements(url),
+                "kills_in_log": log.read_text(errors="replace").count("killing the decoding")}
+    finally:
+        for hog in spinning:
+            hog.kill()
+            hog.wait()
+        process.kill()
+        process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a run folder (copied)")
@@ -195,6 +235,8 @@ def main() -> None:
     parser.add_argument("--worker-stall-s", type=float, default=5.0)
     parser.add_argument("--restart-backoff-max", type=float, default=30.0)
     parser.add_argument("--drain-s", type=float, default=20.0)
+    parser.add_argument("--hogs", type=int, default=4,
+                        help="starve: spinning processes on the worker's CPU")
     parser.add_argument("--json")
     args = parser.parse_args()
     lines = (Path(args.data) / f"{args.split}.src.txt").read_text().splitlines()
@@ -214,6 +256,8 @@ def main() -> None:
                 result = scenario_stall(run, lines, log, args.worker_stall_s)
             elif name == "checkpoint":
                 result = scenario_checkpoint(run, lines, log, args.restart_backoff_max)
+            elif name == "starve":
+                result = scenario_starve(run, lines, log, args.worker_stall_s, args.hogs)
             else:
                 result = scenario_sigterm(run, lines, log, args.drain_s)
             result["log_tail"] = log.read_text(errors="replace")[-1500:]

@@ -11,6 +11,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -87,6 +90,80 @@ def test_a_stalled_worker_misses_no_deadline_and_is_replaced(translators):
             "translations"][0]["text"] == expected
         assert recovery < limits.worker_stall_s + 10
         _until(lambda: not running(first), 10)  # reaped, not left a zombie
+
+
+def test_a_worker_waiting_for_a_cpu_is_not_killed_as_stalled(translators):
+    """The watchdog does not count the time a worker waited for a CPU as silence: a worker
+    that reports nothing while the kernel says its thread is runnable and got no CPU (a
+    starved one, made here by a reader that says so) is left to decode past the stall
+    limit, ``/ready`` still 200; told the truth (a stopped process is not runnable) the
+    watchdog kills it as stalled, and the request it held gets 500."""
+    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
+                         worker_stall_s=1.0, worker_nice=0)
+    with TestClient(create_app({"transf": translators["transf"]}, limits)) as client, \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        engine = client.app.state.served.batchers["transf"].engine
+        first = engine.process.pid
+        engine.thread_activity = lambda pid: {pid: (True, 0)}  # runnable, never on a CPU
+        os.kill(first, signal.SIGSTOP)
+        held = pool.submit(client.post, "/translate", json={"text": ["g h i"]})
+        _until(lambda: engine.held)
+        time.sleep(limits.worker_stall_s + engine.slowest_step_s + 1.5)
+        assert engine.process.pid == first and engine.causes["stalled"] == 0
+        assert client.get("/ready").status_code == 200 and not held.done()
+        del engine.thread_activity  # the kernel's own word: stopped, not runnable
+        stalled = held.result(timeout=30)
+        assert stalled.status_code == 500 and "stalled" in stalled.json()["error"]
+        assert engine.causes["stalled"] == 1
+        _until(lambda: not running(first), 10)
+
+
+def test_the_watchdog_reads_a_starved_process_as_waiting_and_a_stopped_one_as_silent():
+    """What the watchdog reads (Linux): of one second, a busy process that shares one CPU
+    with another of higher priority ran for a small share (the rest it waited), the other
+    for most of it; a stopped one and a sleeping one are silent all of it."""
+    from ranmt.serving.worker import silent_share, thread_activity
+
+    if thread_activity(os.getpid()) is None:
+        pytest.skip("no /proc/PID/task here")
+    assert threading.get_native_id() in thread_activity(os.getpid())
+    assert thread_activity(2 ** 22 + 1) is None  # above Linux's largest process id
+    spin = [sys.executable, "-c", "while True: pass"]
+    hog, starved, stopped = (subprocess.Popen(spin) for _ in range(3))
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    processes = (hog, starved, stopped, sleeping)
+    try:
+        cpu = min(os.sched_getaffinity(0))
+        for process in (hog, starved):
+            os.sched_setaffinity(process.pid, {cpu})
+        os.sched_setscheduler(starved.pid, os.SCHED_IDLE, os.sched_param(0))  # lowest
+        os.kill(stopped.pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        before = {process.pid: thread_activity(process.pid) for process in processes}
+        time.sleep(1.0)
+        silent = {process.pid: silent_share(1.0, before[process.pid],
+                                            thread_activity(process.pid))
+                  for process in processes}
+        assert silent[starved.pid] < 0.5 and silent[hog.pid] > 2 * silent[starved.pid]
+        assert silent[stopped.pid] == silent[sleeping.pid] == 1.0
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_silence_is_the_cpu_time_of_the_least_served_runnable_thread():
+    from ranmt.serving.worker import silent_share
+
+    then = {1: (True, 5_000_000_000), 2: (False, 1_000_000_000)}
+    assert silent_share(1.0, then, {1: (True, 5_250_000_000), 2: (True, 1_500_000_000)}) \
+        == 0.25
+    assert silent_share(1.0, then, {1: (False, 5_000_000_000), 2: (True, 2_500_000_000)}) \
+        == 1.0  # it ran longer than the interval (counted since the last sample): all of it
+    assert silent_share(1.0, then, {1: (False, 5_100_000_000), 7: (True, 300_000_000)}) \
+        == 0.3  # a new thread: its CPU time since it started
+    assert silent_share(1.0, then, {1: (False, 5_100_000_000), 2: (False, 1_000_000_000)}) \
+        == 1.0  # none runnable: stopped, asleep
 
 
 def test_a_model_whose_checkpoint_returns_serves_again(runs, tmp_path):

@@ -107,7 +107,9 @@ class ServeLimits:
         "get 500 (default 5)", low=0, above=True, metavar="SECONDS")
     """The watchdog of ``--workers process``: a worker that holds lines reports at least every
     0.25 s while it steps; one that reports nothing for this long plus its slowest step so
-    far is hung (a stopped process, a deadlock in a library) and is replaced."""
+    far is hung (a stopped process, a deadlock in a library) and is replaced. On Linux the
+    time its threads waited for a CPU does not count (a starved worker is slow, not hung:
+    :func:`ranmt.serving.worker.silent_share`)."""
     worker_load_timeout_s: float = _limit(
         300.0, "--worker-load-timeout", "a decoding worker that has not loaded its model and "
         "decoded once after this many seconds is killed and tried again (default 300)",

@@ -18,7 +18,7 @@ operator or a fault would, and records every answer's status and time:
   with ``--hogs`` spinning processes at nice 0 while 4 requests of 2 lines at beam 4 are
   sent one after another: their statuses and times, and how often the watchdog took the
   starved worker for a stalled one (``ranmt_worker_replacements_total{cause="stalled"}``);
-  minutes long (the worker gets ~1% of a core), so not in the default ``--scenarios``.
+  minutes long (the worker gets under 1% of the CPU), so not in the default ``--scenarios``.
 
     python benchmarks/serve_faults.py --checkpoint RUN --data DATA --json out.json
 

@@ -515,8 +515,9 @@ class ProcessDecoding:
             if self.state == "ready" and self.busy():
                 silent = self.silent_s(now)
                 if silent > self.stall_limit_s():
-                    waited = now - self.last_news - silent
-                    waited = f" ({waited:.1f} s more waiting for a CPU)" if waited >= 0.1 else ""
+                    waited_s = now - self.last_news - silent
+                    waited = f" ({waited_s:.1f} s more waiting for a CPU)" \
+                        if waited_s >= 0.1 else ""
                     self._kill(f"it was stalled: no decoding step for {silent:.1f} s{waited} "
                                f"with {len(self.held)} lines in flight", cause="stalled")
             elif self.state in ("starting", "loading") and self.process is not None and \

@@ -201,6 +201,42 @@ def test_a_model_whose_checkpoint_returns_serves_again(runs, tmp_path):
         assert engine.causes["exited"] == 1 and engine.causes["load-failed"] >= 2
 
 
+def test_a_worker_that_does_not_load_is_replaced_and_its_cpu_wait_not_counted(runs, tmp_path):
+    """``--worker-load-timeout``: a replacement whose load never returns (its weights a FIFO
+    no one writes: the worker sleeps in ``open``) is killed once it has loaded for longer
+    than the timeout, ``/ready`` naming it, and the model serves again once its weights
+    are back. While the kernel's word is that the worker is runnable and got no CPU (a
+    reader that says so), the same wait is loading on a starved machine and is not cut
+    short."""
+    folder = tmp_path / "model"
+    shutil.copytree(runs["transf"], folder)
+    weights = folder / "model.safetensors"
+    assert weights.is_file()  # the file the worker's load opens
+    translator = Translator.load(folder, device="cpu")
+    limits = ServeLimits(max_lines=10, max_chars=200, batch_window_ms=1, workers="process",
+                         worker_load_timeout_s=1.0, restart_backoff_max_s=1.0, worker_nice=0)
+    with TestClient(create_app({"T": translator}, limits)) as client:
+        engine = client.app.state.served.batchers["T"].engine
+        first = engine.process.pid
+        weights.rename(folder / "weights.kept")
+        os.mkfifo(weights)
+        engine.thread_activity = lambda pid: {pid: (True, 0)}  # runnable, never on a CPU
+        os.kill(first, signal.SIGKILL)
+        _until(lambda: engine.process is not None and engine.process.pid not in (None, first))
+        loading = engine.process.pid
+        time.sleep(limits.worker_load_timeout_s + 1.5)
+        assert engine.process is not None and engine.process.pid == loading
+        assert engine.state == "loading" and engine.causes["load-failed"] == 0
+        del engine.thread_activity  # the kernel's own word: asleep in open(), not runnable
+        _until(lambda: engine.causes["load-failed"] == 1)
+        _until(lambda: "did not load within 1 s" in client.get("/ready").json()["down"]["T"])
+        (folder / "weights.kept").rename(weights)  # over the FIFO
+        back = _until(lambda: client.get("/ready").status_code == 200)
+        assert back < limits.restart_backoff_max_s + 10
+        assert client.post("/translate", json={"text": ["a b"]}).status_code == 200
+        _until(lambda: not running(loading), 10)
+
+
 def test_a_failing_scheduling_loop_is_restarted(translators, monkeypatch):
     """The scheduling loop raises (a bug, a fault below it): the request it held gets 500
     naming it, the loop starts again, and the next request is served."""

@@ -114,6 +114,10 @@ class ServeLimits:
         300.0, "--worker-load-timeout", "a decoding worker that has not loaded its model and "
         "decoded once after this many seconds is killed and tried again (default 300)",
         low=0, above=True, metavar="SECONDS")
+    """A worker that has not said it is ready this long after it was started (a read that
+    never returns, a stopped or deadlocked process) is replaced. On Linux the time it
+    waited for a CPU does not count, as for ``worker_stall_s``: at ``nice`` 19 on a busy
+    machine a worker can take minutes of wall time to load and still load."""
     restart_backoff_max_s: float = _limit(
         30.0, "--restart-backoff-max", "a decoding worker that fails to load is tried again "
         "after 1, 2, 4, ... seconds, at most this many (default 30)", low=1,

@@ -24,9 +24,10 @@ default) or in a thread of the server's process.
     ``--worker-stall-s`` seconds past the slowest step it has taken (a hung decoder), or
     that has not loaded within ``--worker-load-timeout``; it is then replaced as above.
     On Linux the time a worker waited for a CPU (a thread runnable but not running:
-    ``/proc/PID/task/TID/stat`` and ``schedstat``) does not count as silence: a worker
-    starved on a busy machine is slow, not hung, and is left to decode (its requests'
-    deadlines still hold); a stopped, deadlocked or spinning one is killed as before;
+    ``/proc/PID/task/TID/stat`` and ``schedstat``) counts neither as silence nor as
+    loading time: a worker starved on a busy machine is slow, not hung, and is left to
+    decode or load (its requests' deadlines still hold); a stopped, deadlocked or spinning
+    one is killed as before;
   - a worker that exits before it is ready (its checkpoint unreadable, say) is tried
     again after 1, 2, 4, ... seconds, at most ``--restart-backoff-max``, for as long as
     the server runs, so the model comes back by itself once its checkpoint does; only the
@@ -284,6 +285,11 @@ def silent_share(seconds: float, then: dict[int, tuple[bool, int]],
     return min([seconds, *served]) if served else seconds
 
 
+def _waited_for_cpu(seconds: float) -> str:
+    """The watchdog's note of the time a worker it kills waited for a CPU (not counted)."""
+    return f" ({seconds:.1f} s more waiting for a CPU)" if seconds >= 0.1 else ""
+
+
 class WorkerDiedError(RuntimeError):
     """The decoding worker process exited (or was killed as stalled) while it held lines."""
 
@@ -325,7 +331,8 @@ class ProcessDecoding:
         self.spawned_at = 0.0
         self.retry_at = 0.0  # while waiting: when the next worker starts
         self._kill_reason: str | None = None  # set by the watchdog before it kills
-        self._silent_s = 0.0  # of the time since last_news (the watchdog's count)
+        self._silent_s = 0.0  # of the time since last_news (the watchdog's count; while it
+        # loads, since it was spawned)
         self._activity: dict[int, tuple[bool, int]] | None = None  # its last thread_activity
         self._sampled_at = 0.0  # when it was taken
         self._load_error: str | None = None  # what the worker said before it exited
@@ -515,16 +522,21 @@ class ProcessDecoding:
             if self.state == "ready" and self.busy():
                 silent = self.silent_s(now)
                 if silent > self.stall_limit_s():
-                    waited_s = now - self.last_news - silent
-                    waited = f" ({waited_s:.1f} s more waiting for a CPU)" \
-                        if waited_s >= 0.1 else ""
+                    waited = _waited_for_cpu(now - self.last_news - silent)
                     self._kill(f"it was stalled: no decoding step for {silent:.1f} s{waited} "
                                f"with {len(self.held)} lines in flight", cause="stalled")
             elif self.state in ("starting", "loading") and self.process is not None and \
-                    self._kill_reason is None and \
-                    now - self.spawned_at > self.limits.worker_load_timeout_s:
-                self._kill(f"it did not load within {self.limits.worker_load_timeout_s:g} s",
-                           cause="load-failed")
+                    self._kill_reason is None:
+                # it reports nothing until it is ready: its silence since it was spawned is
+                # its loading time, less what it waited for a CPU (a worker at nice 19
+                # loads slowly on a busy machine; one asleep on a read, stopped or
+                # deadlocked counts in full)
+                loading_s = self.silent_s(now)
+                if loading_s > self.limits.worker_load_timeout_s:
+                    waited = _waited_for_cpu(now - self.spawned_at - loading_s)
+                    self._kill(f"it did not load within "
+                               f"{self.limits.worker_load_timeout_s:g} s{waited}",
+                               cause="load-failed")
 
     def _kill(self, reason: str, cause: str = "exited") -> None:
         """Kill the worker (its pipe's EOF then fails what it held and replaces it)."""

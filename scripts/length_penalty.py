@@ -17,8 +17,10 @@ Two parts, both over a finished ``ranmt experiment`` grid (``OUT/runs/DATASET/VA
 
 writes ``OUT/lengths.md``/``.json`` (part 1) and ``OUT/lenpen.md``/``.json`` with the chosen
 exponent's test hypotheses in ``OUT/DATASET/VARIANT/seedN/`` (part 2; skipped with
-``--lengths-only``). References are the cells' prepared
-data (``config.data.dir`` of each cell.json, read from the repository root).
+``--lengths-only``). Part 2 keeps the rows of an earlier ``OUT/lenpen.json`` whose cells'
+checkpoints are no longer under ``--work`` (a grid that outlived its machines). References
+are the cells' prepared data (``config.data.dir`` of each cell.json, read from the
+repository root).
 """
 
 from __future__ import annotations
@@ -138,6 +140,21 @@ def valid_chosen_lenpen(grid: Path, work: Path, lenpens: list[float], out: Path)
     return rows
 
 
+def keep_earlier_rows(rows: list[dict], earlier_file: Path) -> list[dict]:
+    """``rows`` and, from an earlier run's ``lenpen.json``, the rows of cells this run did
+    not decode (their checkpoints gone with an earlier machine; their test hypotheses are
+    still in ``out``), in (dataset, variant, seed) order. A row this run measured replaces
+    the earlier one; an earlier row with other exponents is dropped (one table, one set)."""
+    if not earlier_file.is_file():
+        return rows
+    measured = {(row["dataset"], row["variant"], row["seed"]) for row in rows}
+    exponents = list(rows[0]["valid"]) if rows else None
+    kept = [row for row in json.loads(earlier_file.read_text())
+            if (row["dataset"], row["variant"], row["seed"]) not in measured
+            and (exponents is None or list(row["valid"]) == exponents)]
+    return sorted(rows + kept, key=lambda row: (row["dataset"], row["variant"], row["seed"]))
+
+
 def lenpen_markdown(rows: list[dict]) -> str:
     if not rows:
         return "no checkpoints found\n"
@@ -177,7 +194,8 @@ def main() -> None:
     print(lengths_markdown(table))
     if args.lengths_only or args.work is None:
         return
-    rows = valid_chosen_lenpen(args.grid, args.work, args.lenpens, args.out)
+    rows = keep_earlier_rows(valid_chosen_lenpen(args.grid, args.work, args.lenpens, args.out),
+                             args.out / "lenpen.json")
     (args.out / "lenpen.json").write_text(json.dumps(rows, indent=1) + "\n")
     (args.out / "lenpen.md").write_text(lenpen_markdown(rows))
     print(lenpen_markdown(rows))

@@ -70,3 +70,21 @@ def test_the_chosen_exponent_is_the_best_on_valid(tmp_path, reverse_run, reverse
     assert chosen["bleu"] == pytest.approx(bleu.score, abs=0.006)
     assert chosen["ratio"] == pytest.approx(bleu.sys_len / bleu.ref_len, abs=1e-4)
     assert "| rev | Tiny | 1 |" in script.lenpen_markdown([row])
+
+
+def test_a_rerun_keeps_the_rows_of_cells_whose_checkpoints_are_gone(tmp_path):
+    """A grid that outlived its machines: the rows this run measured, plus the earlier
+    run's rows of the cells it could not decode; a measured row replaces its earlier one,
+    and an earlier row with other exponents is dropped."""
+    def row(variant, seed, valid_bleu, exponents=("0.6", "2.0")):
+        return {"dataset": "d", "variant": variant, "seed": seed,
+                "valid": {lp: {"bleu": valid_bleu} for lp in exponents}}
+
+    earlier = tmp_path / "lenpen.json"
+    earlier.write_text(json.dumps([row("A", 2, 1.0), row("B", 1, 2.0),
+                                   row("C", 1, 3.0, exponents=("0.6",))]))
+    rows = _script().keep_earlier_rows([row("B", 1, 9.0), row("A", 3, 4.0)], earlier)
+    assert [(r["variant"], r["seed"], r["valid"]["0.6"]["bleu"]) for r in rows] == \
+        [("A", 2, 1.0), ("A", 3, 4.0), ("B", 1, 9.0)]
+    assert _script().keep_earlier_rows([row("B", 1, 9.0)], tmp_path / "none.json") == \
+        [row("B", 1, 9.0)]

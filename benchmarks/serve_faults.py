@@ -12,6 +12,10 @@ operator or a fault would, and records every answer's status and time:
   replacement);
 * ``checkpoint``: move the run's folder away and kill the worker: how fast requests are
   refused and with what; the folder back: how long until the model serves again;
+* ``load-hang``: the served checkpoint's weights replaced by a FIFO no one writes and the
+  worker killed: its replacement sleeps in ``open()`` and never loads. When ``/ready``
+  names ``--worker-load-timeout`` (the watchdog killed it), what a request gets meanwhile,
+  and how long after the weights return the model serves again;
 * ``sigterm``: SIGTERM while 4 requests of 64 lines at beam 16 decode: their statuses, how
   long the server takes to exit, and whether its log holds a traceback;
 * ``starve``: a busy machine, not a fault: the worker (nice 19, as served) shares one CPU
@@ -41,6 +45,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ranmt.checkpoint import resolve_checkpoint
 from ranmt.serving.launcher import decoding_workers, launch_server, running
 
 
@@ -163,6 +168,36 @@ def scenario_checkpoint(run: Path, lines: list[str], log: Path, backoff_max: flo
         process.wait()
 
 
+def scenario_load_hang(run: Path, lines: list[str], log: Path, load_timeout_s: float) -> dict:
+    process, url = _serve(run, ["--worker-load-timeout", str(load_timeout_s)], log)
+    weights = resolve_checkpoint(run) / "model.safetensors"
+    kept = weights.with_name("model.safetensors.kept")
+    try:
+        worker = decoding_workers(process.pid)[0]
+        weights.rename(kept)
+        os.mkfifo(weights)
+        os.kill(worker, signal.SIGKILL)
+        named = _until(lambda: "did not load" in json.dumps(_call(f"{url}/ready")[1]))
+        ready = _call(f"{url}/ready")
+        refused = _timed(lambda: _call(f"{url}/translate", {"text": lines[:1]}),
+                         time.monotonic())
+        kept.replace(weights)  # over the FIFO
+        came_back = _until(lambda: _ready(url))
+        served = _call(f"{url}/translate", {"text": lines[:1]})[0]
+        return {"worker_load_timeout_s": load_timeout_s,
+                "ready_names_the_timeout_after_kill_s": round(named, 3),
+                "ready": {"status": ready[0], "body": ready[1]}, "request_meanwhile": refused,
+                "serving_again_after_weights_returned_s": round(came_back, 3),
+                "status_after": served,
+                "load_timeout_kills_in_log": log.read_text(errors="replace").count(
+                    "killing the decoding worker of model 'T': it did not load")}
+    finally:
+        if kept.exists():
+            kept.replace(weights)
+        process.kill()
+        process.wait()
+
+
 def scenario_sigterm(run: Path, lines: list[str], log: Path, drain_s: float) -> dict:
     process, url = _serve(run, ["--drain-s", str(drain_s)], log)
     try:
@@ -231,10 +266,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="a run folder (copied)")
     parser.add_argument("--data", required=True, help="prepared data (source sentences)")
     parser.add_argument("--split", default="test_2016_flickr")
-    parser.add_argument("--scenarios", default="kill,stall,checkpoint,sigterm")
+    parser.add_argument("--scenarios", default="kill,stall,checkpoint,load-hang,sigterm")
     parser.add_argument("--worker-stall-s", type=float, default=5.0)
     parser.add_argument("--restart-backoff-max", type=float, default=30.0)
     parser.add_argument("--drain-s", type=float, default=20.0)
+    parser.add_argument("--worker-load-timeout", type=float, default=5.0,
+                        help="load-hang: the server's --worker-load-timeout")
     parser.add_argument("--hogs", type=int, default=4,
                         help="starve: spinning processes on the worker's CPU")
     parser.add_argument("--json")
@@ -256,6 +293,8 @@ def main() -> None:
                 result = scenario_stall(run, lines, log, args.worker_stall_s)
             elif name == "checkpoint":
                 result = scenario_checkpoint(run, lines, log, args.restart_backoff_max)
+            elif name == "load-hang":
+                result = scenario_load_hang(run, lines, log, args.worker_load_timeout)
             elif name == "starve":
                 result = scenario_starve(run, lines, log, args.worker_stall_s, args.hogs)
             else:

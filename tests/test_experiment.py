@@ -302,6 +302,15 @@ def test_significance_rule_on_hand_made_scores():
     df = se2 ** 2 / ((1 / 3) ** 2 / 2 + (var_v / 3) ** 2 / 2)
     assert abs(spread["welch_p"] - 2 * student_t.sf(t_stat, df)) < 1e-9
     assert spread["dagger"] and not spread["double_dagger"] and significance_marks(spread) == "†"
+    # the baseline one run repeated for every seed: no Welch's test (nor scipy's warning
+    # about its constant sample), no double dagger; the seed rule's dagger still stands
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one_run = compare_over_seeds({1: 31.0, 2: 31.0, 3: 31.0}, variant,
+                                     {1: 0.01, 2: 0.02, 3: 0.04}, alpha=0.05, seed_spread=False)
+    assert one_run["welch_p"] is None and not one_run["double_dagger"] and one_run["dagger"]
     # one seed not significant: no dagger (the seed-level test is unchanged)
     one_weak = compare_over_seeds(base, variant, {1: 0.01, 2: 0.2, 3: 0.04}, alpha=0.05)
     assert not one_weak["dagger"] and one_weak["double_dagger"]

@@ -269,7 +269,8 @@ def welch_p_value(first: list[float], second: list[float]) -> float | None:
 
 
 def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
-                       bootstrap_p: dict[int, float], alpha: float) -> dict:
+                       bootstrap_p: dict[int, float], alpha: float,
+                       seed_spread: bool = True) -> dict:
     """The significance rule of the results tables, for one metric of one variant.
 
     ``baseline`` / ``variant``: seed -> score; ``bootstrap_p``: seed -> p-value of the paired
@@ -279,14 +280,16 @@ def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
       per-seed difference has the same sign: the gain (or loss) holds in every run.
     * ``double_dagger`` (‡): Welch's two-sided t-test over the seed scores (at least two
       seeds on each side) gives p < alpha: the difference of the seed means is larger than
-      the spread between seeds.
+      the spread between seeds. ``seed_spread=False`` when the baseline is one run
+      repeated for every seed (its spread is unknown): no Welch's test, no ‡.
     """
     shared = sorted(set(baseline) & set(variant) & set(bootstrap_p))
     deltas = [variant[s] - baseline[s] for s in shared]
     signs = {(d > 0) - (d < 0) for d in deltas}
     dagger = bool(shared) and all(bootstrap_p[s] < alpha for s in shared) \
         and len(signs) == 1 and 0 not in signs
-    welch = welch_p_value(list(variant.values()), list(baseline.values()))
+    welch = welch_p_value(list(variant.values()), list(baseline.values())) \
+        if seed_spread else None
     return {"delta": statistics.mean(variant.values()) - statistics.mean(baseline.values()),
             "seeds": shared, "per_seed_delta": deltas,
             "per_seed_p": [bootstrap_p[s] for s in shared], "welch_p": welch,

@@ -388,9 +388,9 @@ def _comparison_row(experiment: Experiment, comparison: Comparison, test: str,
         text, deltas = _with_difference(own, other)
         significance = None
         if metric in pvalues:
-            significance = compare_over_seeds(other, own, pvalues[metric], experiment.alpha)
-            if comparison.fixed_seed:  # one counterpart run: its seed spread is unknown
-                significance.update(welch_p=None, double_dagger=False)
+            # one counterpart run (fixed_seed): its seed spread is unknown, no Welch's test
+            significance = compare_over_seeds(other, own, pvalues[metric], experiment.alpha,
+                                              seed_spread=not comparison.fixed_seed)
             marks = significance_marks(significance)
             text += f" {marks}" if marks else ""
         texts.append(text)

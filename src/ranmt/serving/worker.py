@@ -331,8 +331,8 @@ class ProcessDecoding:
         self.spawned_at = 0.0
         self.retry_at = 0.0  # while waiting: when the next worker starts
         self._kill_reason: str | None = None  # set by the watchdog before it kills
-        self._silent_s = 0.0  # of the time since last_news (the watchdog's count; while it
-        # loads, since it was spawned)
+        # the watchdog's count of silence since last_news (while it loads: since spawned_at)
+        self._silent_s = 0.0
         self._activity: dict[int, tuple[bool, int]] | None = None  # its last thread_activity
         self._sampled_at = 0.0  # when it was taken
         self._load_error: str | None = None  # what the worker said before it exited

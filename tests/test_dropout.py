@@ -144,3 +144,21 @@ def test_dot_product_attention_dropout_uses_fast_masks_by_the_math_kernel_formul
     with fast_masks(False):  # PyTorch's masks: another draw than the fast one
         torch.manual_seed(7)
         assert not torch.allclose(attention(x, x, key_padding_mask=padding).context, out)
+
+
+def test_cells_written_before_batch_pools_match_unpooled_batches_only():
+    """A cell recorded before ``data.pool_batches`` (and the other later fields) trained on
+    one sort by target length: reuse treats it as ``pool_batches: 0``, never as the pooled
+    default, and a field nested two sections deep (``model.ran.kernel``) is filled too."""
+    from ranmt.experiment.reuse import _comparable_config
+
+    old = {"train": {"precision": "fp32"}, "data": {"max_tokens": 4096},
+           "model": {"ran": {"init": "xavier"}}}
+    now = {"train": {"precision": "fp32"}, "data": {"max_tokens": 4096, "pool_batches": 0},
+           "model": {"ran": {"init": "xavier", "kernel": "auto"}}}
+    assert _comparable_config(old) == _comparable_config(now)
+    pooled = {**now, "data": {"max_tokens": 4096, "pool_batches": 8}}
+    assert _comparable_config(old) != _comparable_config(pooled)
+    assert _comparable_config(old)["model"]["ran"]["kernel"] == "auto"
+    assert old == {"train": {"precision": "fp32"}, "data": {"max_tokens": 4096},
+                   "model": {"ran": {"init": "xavier"}}}  # the caller's dict is not changed

@@ -28,8 +28,27 @@ _TRAINING_DATA_FILES = ("spm.src.model", "spm.tgt.model", "train.src.tokens.npy"
                         "train.tgt.tokens.npy", "valid.src.tokens.npy", "valid.tgt.tokens.npy")
 
 
-# train.* fields newer than some recorded cells -> what every cell before them trained with
-_FIELDS_ADDED = {"dropout_masks": "torch"}
+# Config fields newer than some recorded cells (dotted paths) -> the value that computes
+# what every cell before the field computed: a cell recorded without the field is the same
+# training as one that sets it to this value (and only this value).
+_FIELDS_ADDED = {
+    "train.dropout_masks": "torch",
+    "data.pool_batches": 0,            # one sort by target length (before 2026-11-28)
+    "data.shape_buckets": [],          # off
+    "data.auto_shape_buckets": 0,      # off
+    "train.compile_mode": "default",
+    "train.host_reads": "auto",        # per-step reads off CUDA, as every trainer before it
+    "model.ran.kernel": "auto",        # explicit off CUDA, what RAN computed before the field
+    "model.aan": {"ffn_dim": 0, "gate": True},  # read by the AAN decoder only
+    "decode.cuda_graphs": False,
+    "decode.shortlist": False,
+    "decode.sampling": "none",         # search, as every decode before sampling existed
+    "decode.topk": 0,                  # the sampling settings, unread without sampling
+    "decode.topp": 0.9,
+    "decode.epsilon": 0.02,
+    "decode.temperature": 1.0,
+    "decode.seed": 0,
+}
 
 
 def _digest(path: Path) -> str | None:
@@ -51,8 +70,12 @@ def _comparable_config(config: dict, precision: str | None = None) -> dict:
     cell trained with (``_FIELDS_ADDED``)."""
     config = json.loads(json.dumps(config))  # a deep copy with JSON types (tuples -> lists)
     config.get("data", {}).pop("dir", None)
-    for field_name, before in _FIELDS_ADDED.items():
-        config.setdefault("train", {}).setdefault(field_name, before)
+    for dotted, before in _FIELDS_ADDED.items():
+        *sections, field_name = dotted.split(".")
+        owner = config
+        for section in sections:
+            owner = owner.setdefault(section, {})
+        owner.setdefault(field_name, json.loads(json.dumps(before)))
     if precision is not None:
         config.setdefault("train", {})["precision"] = precision
     return config

@@ -13,8 +13,9 @@ import pytest
 
 from ranmt.config import DecodeConfig
 from ranmt.serving import batching
-from ranmt.serving.batching import Batcher, StepBatcher, Work, wait_for_job
+from ranmt.serving.batching import Batcher, Work, wait_for_job
 from ranmt.serving.limits import ServeLimits
+from ranmt.serving.step_batching import StepBatcher
 
 GREEDY = Work.translate(beam=1, nbest=1)
 
@@ -489,7 +490,8 @@ def test_the_engine_is_a_worker_process_only_for_a_model_loaded_from_a_checkpoin
     """``--workers process`` decodes in a process of the model's own (started from its load
     options, at ``--worker-nice``); without load options, or with ``--workers thread``, in
     the decoding thread. Either reports to the batcher's callbacks."""
-    from ranmt.serving.worker import ProcessDecoding, ThreadDecoding
+    from ranmt.serving.lines import ThreadDecoding
+    from ranmt.serving.supervisor import ProcessDecoding
 
     executor = concurrent.futures.ThreadPoolExecutor(1)
     loaded = FakeTranslator()

@@ -15,9 +15,10 @@ from conftest import assert_same_hypotheses
 pytest.importorskip("fastapi")
 
 from ranmt.inference.translator import Translator  # noqa: E402
-from ranmt.serving.batching import Job, StepBatcher, Work, wait_for_job  # noqa: E402  # noqa: E402
+from ranmt.serving.batching import Job, Work, wait_for_job  # noqa: E402
 from ranmt.serving.limits import ServeLimits  # noqa: E402
-from ranmt.serving.worker import LineDecoding  # noqa: E402
+from ranmt.serving.lines import LineDecoding  # noqa: E402
+from ranmt.serving.step_batching import StepBatcher  # noqa: E402
 
 
 class _Clock:

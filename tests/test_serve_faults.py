@@ -122,7 +122,7 @@ def test_the_watchdog_reads_a_starved_process_as_waiting_and_a_stopped_one_as_si
     """What the watchdog reads (Linux): of one second, a busy process that shares one CPU
     with another of higher priority ran for a small share (the rest it waited), the other
     for most of it; a stopped one and a sleeping one are silent all of it."""
-    from ranmt.serving.worker import silent_share, thread_activity
+    from ranmt.serving.supervisor import silent_share, thread_activity
 
     if thread_activity(os.getpid()) is None:
         pytest.skip("no /proc/PID/task here")
@@ -153,7 +153,7 @@ def test_the_watchdog_reads_a_starved_process_as_waiting_and_a_stopped_one_as_si
 
 
 def test_silence_is_the_cpu_time_of_the_least_served_runnable_thread():
-    from ranmt.serving.worker import silent_share
+    from ranmt.serving.supervisor import silent_share
 
     then = {1: (True, 5_000_000_000), 2: (False, 1_000_000_000)}
     assert silent_share(1.0, then, {1: (True, 5_250_000_000), 2: (True, 1_500_000_000)}) \
@@ -370,7 +370,7 @@ def test_a_killed_server_leaves_no_worker(runs):
 def test_a_deadline_drops_a_decoding_request_in_the_thread_worker(translators, monkeypatch):
     """``--workers thread``: a request still decoding at its deadline gets 504 by then, and
     its lines leave the decoder before its next step (not decoded to their end)."""
-    from ranmt.serving.worker import LineDecoding
+    from ranmt.serving.lines import LineDecoding
 
     step = LineDecoding.step
     steps = []

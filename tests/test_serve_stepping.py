@@ -18,11 +18,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from ranmt.inference.translator import Translator  # noqa: E402
 from ranmt.serving.app import ServeLimits, create_app  # noqa: E402
-from ranmt.serving.batching import (  # noqa: E402
-    StepBatcher,  # noqa: E402
-    Work,
-    wait_for_job,
-)
+from ranmt.serving.batching import Work, wait_for_job  # noqa: E402
+from ranmt.serving.step_batching import StepBatcher  # noqa: E402
 
 BOUND_S = 30
 """The longest a test waits for a job (a mutant that never admits a line fails, not hangs)."""

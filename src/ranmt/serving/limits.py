@@ -75,7 +75,7 @@ class ServeLimits:
         "step batching: decode each model in a worker process of its own (the HTTP side "
         "never waits for decoding; a worker that dies is restarted) or in a thread of the "
         "server's process (default process)")
-    """Where step-level decoding runs (:mod:`ranmt.serving.worker`): ``process``, a worker
+    """Where step-level decoding runs (:mod:`ranmt.serving.supervisor`): ``process``, a worker
     process per model that loads its own copy of the model, or ``thread``, the server's
     decoding thread. Scoring, alignments and attention maps run in the server's process."""
 
@@ -84,7 +84,7 @@ class ServeLimits:
         "rows (lines x beam, or x nbest draws when sampling) decodes in an express lane "
         "stepped ahead of the main batch; 0: no express lane (default 16, one line at "
         "beam 16)", low=0)
-    """Step-level batching's express lane (:meth:`ranmt.serving.worker.LineDecoding.step`):
+    """Step-level batching's express lane (:meth:`ranmt.serving.lines.LineDecoding.step`):
     small requests decode apart from the main batch, in steps of their own that come
     first, so that on a CPU (a step's cost grows with its rows) a one-line request behind
     a burst takes short steps, not the burst's. It holds up to ``max_batch_lines`` lines and
@@ -109,7 +109,7 @@ class ServeLimits:
     0.25 s while it steps; one that reports nothing for this long plus its slowest step so
     far is hung (a stopped process, a deadlock in a library) and is replaced. On Linux the
     time its threads waited for a CPU does not count (a starved worker is slow, not hung:
-    :func:`ranmt.serving.worker.silent_share`)."""
+    :func:`ranmt.serving.supervisor.silent_share`)."""
     worker_load_timeout_s: float = _limit(
         300.0, "--worker-load-timeout", "a decoding worker that has not loaded its model and "
         "decoded once after this many seconds is killed and tried again (default 300)",

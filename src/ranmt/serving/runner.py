@@ -18,7 +18,6 @@ from ranmt.serving.batching import (
     Batcher,
     ModelUnavailableError,
     QueueFullError,
-    StepBatcher,
     UnavailableError,
     Work,
     fewest_tokens,
@@ -26,6 +25,7 @@ from ranmt.serving.batching import (
 )
 from ranmt.serving.limits import ServeLimits
 from ranmt.serving.schema import RequestError
+from ranmt.serving.step_batching import StepBatcher
 
 
 class ServeMetrics:

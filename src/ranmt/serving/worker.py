@@ -1,629 +1,49 @@
-"""Where ``ranmt serve`` runs a model's step-level decoding: in a process of its own (the
-default) or in a thread of the server's process.
+"""A model's decoding worker process for ``ranmt serve`` (``--workers process``, the default):
+the child's side. It loads the model itself (same checkpoint, device, quantization,
+precision as the server), warms it up, says :class:`~ranmt.serving.messages.Ready`, then
+takes lines from the pipe and steps (:class:`ranmt.serving.lines.LineDecoding`) for as long
+as it holds any, reporting finished lines as they finish and at least every
+:data:`HEARTBEAT_S` while it decodes (what the watchdog's "no step for N seconds" is
+measured by). The server's side, which starts, watches and replaces it, is
+:mod:`ranmt.serving.supervisor`; the messages are :mod:`ranmt.serving.messages`.
 
-* :class:`LineDecoding`: lines in, finished lines out. One
-  :class:`ranmt.inference.continuous.ContinuousDecoder` per kind of work (decoding options); with
-  sampling a line's ``nbest`` draws are decoded as rows of their own, from the line's own
-  generator (:func:`ranmt.inference.translator.line_generator`), and answered together.
-  :meth:`LineDecoding.step` advances every decoder by one step.
-* :class:`ThreadDecoding` (``--workers thread``) runs those steps in the server's decoding
-  thread, one per call, so that lines are admitted between two steps. Decoding and the
-  HTTP side then share one interpreter.
-* :class:`ProcessDecoding` (``--workers process``) runs them in a child process that loads
-  the model itself (same checkpoint, device, quantization, precision) and steps for as
-  long as it holds lines. Lines go to it and finished lines come back over a pipe, which
-  the event loop watches: the server's process only parses, tokenizes, queues and answers,
-  so ``/health``, ``/ready``, ``/metrics`` and refusals never wait for a decoding step,
-  and the worker runs at a lower scheduling priority (``nice`` 19 by default,
-  ``--worker-nice``) so that on a busy machine the HTTP side gets the CPU when it needs
-  it. It is supervised (docs/SERVING.md, "What happens when things fail"):
+It ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the server decides
+when its workers stop), runs at a lower scheduling priority (``nice`` 19 by default), and
+dies with its parent (``PR_SET_PDEATHSIG`` on Linux; everywhere, it exits when the server's
+end of its pipe closes).
 
-  - a worker that exits (killed, out of memory) is replaced at once; the lines it held
-    are answered 500;
-  - a **watchdog** kills a worker that holds lines and reports no step for
-    ``--worker-stall-s`` seconds past the slowest step it has taken (a hung decoder), or
-    that has not loaded within ``--worker-load-timeout``; it is then replaced as above.
-    On Linux the time a worker waited for a CPU (a thread runnable but not running:
-    ``/proc/PID/task/TID/stat`` and ``schedstat``) counts neither as silence nor as
-    loading time: a worker starved on a busy machine is slow, not hung, and is left to
-    decode or load (its requests' deadlines still hold); a stopped, deadlocked or spinning
-    one is killed as before;
-  - a worker that exits before it is ready (its checkpoint unreadable, say) is tried
-    again after 1, 2, 4, ... seconds, at most ``--restart-backoff-max``, for as long as
-    the server runs, so the model comes back by itself once its checkpoint does; only the
-    server's very first worker of a model fails the server's start instead;
-  - the worker ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the
-    server decides when its workers stop) and dies with its parent (``PR_SET_PDEATHSIG``
-    on Linux; everywhere, it exits when the server's end of its pipe closes).
-
-  Its state (:attr:`ProcessDecoding.state`: starting, ready, loading, waiting, stopped)
-  and the reason it is not ready are what ``/ready``, ``/models`` and ``/metrics`` report.
-
-Both tell the queue (:class:`ranmt.serving.batching.StepBatcher`) what finished through
-``on_done(key, hypotheses)`` and ``on_failed(keys, error)`` (``key``: the queue's number for
-one line of one request), and how many steps were taken with how many sentences through
-``on_steps(steps, sentences)``. ``cancel(keys)`` drops lines (a request past its deadline,
-or whose client left) from the decoding batch between two steps.
-
-The worker imports the translator and the runtime, never the server (it is a leaf of the
-serving package).
+The worker imports the translator and the runtime, never the server (a leaf of the serving
+package).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import multiprocessing
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
-OnDone = Callable[[int, list], None]
-OnFailed = Callable[[list[int], Exception], None]
-OnSteps = Callable[[int, int], None]
-OnDown = Callable[[str, float], None]
+from ranmt.serving.lines import LineDecoding
+from ranmt.serving.messages import (
+    AddLine,
+    CancelAcknowledged,
+    CancelLines,
+    LinesFailed,
+    LoadFailed,
+    Ready,
+    Stepped,
+    Stop,
+)
 
 HEARTBEAT_S = 0.25
 """A worker that holds lines reports at least this often (after the step that passes it),
 finished lines or not: what the watchdog's "no step for N seconds" is measured by."""
 
 
-class LineDecoding:
-    """Lines in, finished lines out, for one loaded
-    :class:`ranmt.inference.translator.Translator`."""
-
-    EXPRESS_SHARE = 2.0
-    """While both lanes hold lines, the main lane steps once the express lane's time since
-    the main lane's last step reaches this many times that step's time: with express steps
-    short beside the main lane's (what the lane is for) the express lane gets about two
-    thirds of the decoding time and the main lane one third; at worst the lanes alternate."""
-
-    def __init__(self, translator, clock: Callable[[], float] = time.perf_counter):
-        self.translator = translator
-        # (options, express) -> (ContinuousDecoder, DecodeConfig); options: sorted (name,
-        # value) pairs of decoding settings; express: the lane (see step)
-        self.decoders: dict[tuple, Any] = {}
-        self.keys: dict[tuple, set[int]] = {}  # same keys -> keys of the lines decoding there
-        self.draws: dict[int, list] = {}  # sampling: key -> the line's draws so far
-        self.clock = clock
-        self.main_step_s = 0.0  # how long the main lane's last step took
-        self.express_s = 0.0  # express steps' time since the main lane's last step
-
-    def add(self, key: int, options: tuple, ids: list[int], prefix: list[int] | None,
-            line: int, express: bool = False) -> None:
-        """Line ``line`` of a request (``ids``; ``prefix`` or None), decoded with
-        ``options`` (sorted (name, value) pairs of decoding settings), in the express lane
-        or the main one."""
-        from ranmt.inference.translator import line_generator
-
-        lane = (options, express)
-        if lane not in self.decoders:
-            self.decoders[lane] = self.translator.continuous_decoder(**dict(options))
-            self.keys[lane] = set()
-        decoder, settings = self.decoders[lane]
-        if settings.sampling != "none":
-            generator = line_generator(settings.seed, line, self.translator.device)
-            self.draws[key] = [None] * settings.nbest
-            for draw in range(settings.nbest):
-                decoder.add((key, draw), ids, prefix, generator)
-        else:
-            decoder.add((key, 0), ids, prefix)
-        self.keys[lane].add(key)
-
-    def idle(self) -> bool:
-        return not self.decoders
-
-    def cancel(self, keys: set[int]) -> None:
-        """Drop the lines ``keys`` (queued or decoding, every draw of a sampled line) from
-        their decoders; they are never answered."""
-        for lane in list(self.decoders):
-            mine = self.keys[lane] & keys
-            if not mine:
-                continue
-            decoder, settings = self.decoders[lane]
-            draws = settings.nbest if settings.sampling != "none" else 1
-            decoder.cancel({(key, draw) for key in mine for draw in range(draws)})
-            self.keys[lane] -= mine
-            for key in mine:
-                self.draws.pop(key, None)
-            if decoder.idle():
-                del self.decoders[lane], self.keys[lane]
-
-    def sentences(self) -> int:
-        """Sentences (draws, with sampling) in the decoding batches now."""
-        return sum(decoder.decoding + len(decoder.waiting)
-                   for decoder, _ in self.decoders.values())
-
-    def step(self) -> tuple[list[tuple[int, list]], list[tuple[list[int], Exception]]]:
-        """One step of every decoder, except that while the express lane holds lines the
-        main lane's decoders step only once the express lane has had
-        :attr:`EXPRESS_SHARE` times the main lane's last step: (finished lines (key,
-        hypotheses), failures (the keys of a decoder whose step raised, the error)).
-
-        On a CPU a step costs in proportion to its rows: a one-line request decoded beside
-        a 1,000-row batch takes a step of that batch per token. In a lane of its own it
-        takes ~20 short steps in the time of about one long one (SERVING.md, "Run 6")."""
-        express = [lane for lane in self.decoders if lane[1]]
-        main = [lane for lane in self.decoders if not lane[1]]
-        if express and main and self.express_s < self.EXPRESS_SHARE * self.main_step_s:
-            main = []
-        finished, failed = [], []
-        started = self.clock()
-        self._step_lanes(express, finished, failed)
-        middle = self.clock()
-        self._step_lanes(main, finished, failed)
-        if main:  # the express step just taken counts towards the next main step
-            self.main_step_s, self.express_s = self.clock() - middle, middle - started
-        else:
-            self.express_s += middle - started
-        return finished, failed
-
-    def _step_lanes(self, lanes: list[tuple], finished: list, failed: list) -> None:
-        """One step of each of ``lanes``' decoders, their results added to ``finished``
-        and ``failed``."""
-        for lane in lanes:
-            decoder, _ = self.decoders[lane]
-            try:
-                done = decoder.step()
-            except Exception as err:  # noqa: BLE001 (reported to the lines decoding there)
-                keys = self.keys.pop(lane)
-                del self.decoders[lane]
-                for key in keys:
-                    self.draws.pop(key, None)
-                failed.append((sorted(keys), err))
-                continue
-            for (key, draw), hyps in done:
-                if key in self.draws:  # sampling: each draw is one added line
-                    draws = self.draws[key]
-                    draws[draw] = hyps[0]
-                    if any(hyp is None for hyp in draws):
-                        continue
-                    hyps = self.draws.pop(key)
-                self.keys[lane].discard(key)
-                finished.append((key, hyps))
-            if decoder.idle():
-                del self.decoders[lane], self.keys[lane]
-
-
-class ThreadDecoding:
-    """Step-level decoding in the server's decoding thread (``executor``). Lines dropped
-    while a step runs there are dropped before the next step, in that thread."""
-
-    state = "ready"  # always: it decodes in the server's own thread
-    reason: str | None = None
-    restarts = 0
-    ready = True
-
-    def __init__(self, translator, executor, on_done: OnDone, on_failed: OnFailed,
-                 on_steps: OnSteps):
-        self.lines = LineDecoding(translator)
-        self.executor = executor
-        self.on_done, self.on_failed, self.on_steps = on_done, on_failed, on_steps
-        self.cancelled: set[int] = set()
-
-    async def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def retry_after(self) -> float:
-        return 0.0
-
-    def add(self, key: int, options: tuple, ids: list[int], prefix, line: int,
-            express: bool = False) -> None:
-        self.lines.add(key, options, ids, prefix, line, express)
-
-    def cancel(self, keys: list[int]) -> None:
-        self.cancelled.update(keys)
-
-    async def wait_ready(self) -> None:
-        pass
-
-    def _step(self):
-        """In the decoding thread: drop what was cancelled, then one step."""
-        if self.cancelled:
-            cancelled, self.cancelled = self.cancelled, set()
-            self.lines.cancel(cancelled)
-        if self.lines.idle():
-            return [], []
-        return self.lines.step()
-
-    async def advance(self, arrival: asyncio.Event) -> None:
-        """One step of every decoder, its results reported."""
-        sentences = self.lines.sentences()
-        finished, failed = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._step)
-        self.on_steps(1, sentences)
-        for keys, err in failed:
-            self.on_failed(keys, err)
-        for key, hyps in finished:
-            self.on_done(key, hyps)
-
-
-def thread_activity(pid: int) -> dict[int, tuple[bool, int]] | None:
-    """By thread id of process ``pid``: (whether it is runnable, nanoseconds it has spent on
-    a CPU since it started), from ``/proc/PID/task/TID/stat`` (state ``R``: running or
-    waiting on a run queue for a CPU) and ``.../schedstat`` (its first field); None where
-    the kernel does not say (not Linux, the process gone). A stopped thread (SIGSTOP) is
-    ``T``, one that sleeps (a lock, a read) ``S`` or ``D``: not runnable."""
-    threads = {}
-    try:
-        for task in os.scandir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                state = _read_small(f"{task.path}/stat").rsplit(b")", 1)[1].split()[0]
-                on_cpu_ns = int(_read_small(f"{task.path}/schedstat").split()[0])
-                threads[int(task.name)] = (state == b"R", on_cpu_ns)
-    except (OSError, ValueError, IndexError):
-        return None
-    return threads or None
-
-
-def _read_small(path: str) -> bytes:
-    """One read of a small file (2.4x faster than ``open().read()`` for /proc's, which the
-    watchdog reads 10 times a second per thread of a busy worker)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(descriptor, 4096)
-    finally:
-        os.close(descriptor)
-
-
-def silent_share(seconds: float, then: dict[int, tuple[bool, int]],
-                 now: dict[int, tuple[bool, int]]) -> float:
-    """Of ``seconds`` between two :func:`thread_activity` samples, those that count as a
-    worker's silence: all of them while none of its threads is runnable (stopped, asleep,
-    deadlocked), else the CPU time of its least served runnable thread (a thread that
-    spins counts in full; one starved on a busy machine only for the time it got a CPU).
-    A decoding step waits for its slowest thread, the one that drives it or one that
-    computes a share of an operation. Judged by the threads' state at ``now``."""
-    served = [(on_cpu - then.get(tid, (False, 0))[1]) / 1e9
-              for tid, (runnable, on_cpu) in now.items() if runnable]
-    return min([seconds, *served]) if served else seconds
-
-
-def _waited_for_cpu(seconds: float) -> str:
-    """The watchdog's note of the time a worker it kills waited for a CPU (not counted)."""
-    return f" ({seconds:.1f} s more waiting for a CPU)" if seconds >= 0.1 else ""
-
-
-class WorkerDiedError(RuntimeError):
-    """The decoding worker process exited (or was killed as stalled) while it held lines."""
-
-
-class ProcessDecoding:
-    """Step-level decoding in a supervised process of its own (see the module docstring).
-
-    ``load``: the keyword arguments of :meth:`ranmt.inference.translator.Translator.load`
-    that give the served model (:attr:`ranmt.inference.translator.Translator.load_options`);
-    ``limits``: the :class:`ranmt.serving.limits.ServeLimits` (niceness, watchdog, back-off);
-    ``on_down(reason, retry_after_s)``: a replacement failed to load (the queue refuses what
-    waits for it)."""
-
-    def __init__(self, load: dict, name: str, on_done: OnDone, on_failed: OnFailed,
-                 on_steps: OnSteps, limits=None, on_down: OnDown | None = None):
-        from ranmt.serving.limits import ServeLimits
-
-        self.load = load
-        self.limits = limits or ServeLimits()
-        self.name = name
-        self.on_done, self.on_failed, self.on_steps = on_done, on_failed, on_steps
-        self.on_down = on_down
-        self.process = None
-        self.connection = None
-        self.state = "starting"
-        """starting (the server's first worker) | ready | loading (a replacement) | waiting
-        (back-off before the next try) | stopped"""
-        self.reason: str | None = None  # why the model is not ready (or was last replaced)
-        self.error: str | None = None  # the first worker could not start: the server fails
-        self.ever_ready = False
-        self._loaded = False  # the current worker said it was ready
-        self.restarts = 0
-        self.failed_starts = 0  # workers in a row that exited before they were ready
-        self.causes: dict[str, int] = {"exited": 0, "stalled": 0, "load-failed": 0}
-        self.held: set[int] = set()  # keys sent and not answered
-        self.unacknowledged = 0  # drops sent that the worker has not confirmed
-        self.slowest_step_s = 0.0
-        self.last_news = 0.0  # event-loop time of the worker's last report
-        self.spawned_at = 0.0
-        self.retry_at = 0.0  # while waiting: when the next worker starts
-        self._kill_reason: str | None = None  # set by the watchdog before it kills
-        # the watchdog's count of silence since last_news (while it loads: since spawned_at)
-        self._silent_s = 0.0
-        self._activity: dict[int, tuple[bool, int]] | None = None  # its last thread_activity
-        self._sampled_at = 0.0  # when it was taken
-        self._load_error: str | None = None  # what the worker said before it exited
-        self._news = asyncio.Event()
-        self._became_ready = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "ready"
-
-    async def start(self) -> None:
-        """Start the worker and wait until it has loaded the model and decoded once;
-        RuntimeError (with the worker's reason) if it cannot."""
-        self._loop = asyncio.get_running_loop()
-        self._spawn()
-        self._background(self._watch())
-        await self._became_ready.wait()
-        if self.error is not None:
-            raise RuntimeError(self.error)
-
-    def _background(self, coroutine) -> None:
-        task = self._loop.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _spawn(self) -> None:
-        context = _context()
-        parent, child = context.Pipe()
-        self.process = context.Process(target=_worker_main,
-                                       args=(child, self.load, self.limits.worker_nice),
-                                       name=f"ranmt-decode-{self.name}", daemon=True)
-        self.process.start()
-        child.close()
-        self.connection = parent
-        if self.state != "starting":
-            self.state = "loading"
-        self.spawned_at = self.last_news = self._loop.time()
-        self._silent_s, self._activity = 0.0, None
-        self._kill_reason = self._load_error = None
-        self._loaded = False
-        self.unacknowledged = 0
-        self._became_ready.clear()
-        self._loop.add_reader(parent.fileno(), self._readable)
-
-    def stop(self) -> None:
-        """Stop the worker (the server is shutting down)."""
-        self.state = "stopped"
-        for task in list(self._tasks):
-            task.cancel()
-        self._became_ready.set()
-        if self.connection is not None:
-            self._loop.remove_reader(self.connection.fileno())
-            self._send(("stop",))
-            self.connection.close()
-            self.connection = None
-        if self.process is not None:
-            self.process.join(2)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(2)
-
-    def retry_after(self) -> float:
-        """Seconds until a worker may be ready again (0 when ready)."""
-        if self.state == "ready":
-            return 0.0
-        if self.state == "waiting":
-            return max(self.retry_at - self._loop.time(), 0.0) + 1.0
-        return 1.0
-
-    # ------------------------------------------------------------------ lines in
-    def add(self, key: int, options: tuple, ids: list[int], prefix, line: int,
-            express: bool = False) -> None:
-        if not self.busy():
-            self.last_news = self._loop.time()  # the watchdog counts from here
-            self._silent_s, self._activity = 0.0, None
-        self.held.add(key)
-        if self.connection is None:  # no worker right now: fail it from the event loop
-            self.held.discard(key)
-            self._loop.call_soon(self.on_failed, [key], WorkerDiedError(
-                f"the decoding worker of model '{self.name}' is not running"))
-            return
-        self._send(("add", key, options, ids, prefix, line, express))
-
-    def cancel(self, keys: list[int]) -> None:
-        """Drop lines ``keys`` from the worker's batch (never answered)."""
-        keys = [key for key in keys if key in self.held]
-        self.held.difference_update(keys)
-        if keys and self.connection is not None:
-            self.unacknowledged += 1  # the watchdog waits for the worker to confirm
-            self._send(("cancel", keys))
-
-    def _send(self, message: tuple) -> None:
-        """Send to the worker; a broken pipe never raises into the caller: the worker is
-        killed, and its end (the pipe's EOF) fails what it held and replaces it."""
-        try:
-            self.connection.send(message)
-        except (OSError, ValueError) as err:
-            if message[0] != "stop" and self.process is not None:
-                self._kill(f"the pipe to it broke ({type(err).__name__}: {err})")
-
-    async def wait_ready(self) -> None:
-        """Until a worker is ready; RuntimeError when the first one could not start."""
-        await self._became_ready.wait()
-        if self.error is not None:
-            raise RuntimeError(self.error)
-
-    async def advance(self, arrival: asyncio.Event) -> None:
-        """Until the worker reports (finished lines arrive from it as it decodes), a new
-        request arrives, or 50 ms pass (deadlines of waiting requests)."""
-        if not self._news.is_set():
-            waits = [asyncio.ensure_future(self._news.wait()),
-                     asyncio.ensure_future(arrival.wait())]
-            await asyncio.wait(waits, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
-            for waiting in waits:
-                waiting.cancel()
-        self._news.clear()
-
-    # ------------------------------------------------------------------ news from it
-    def _readable(self) -> None:
-        """The event loop's callback when the pipe has data (or was closed)."""
-        try:
-            while self.connection.poll():
-                self._handle(self.connection.recv())
-        except (EOFError, OSError):
-            self._died()
-        self._news.set()
-
-    def _handle(self, message: tuple) -> None:
-        kind = message[0]
-        self.last_news = self._loop.time()
-        self._silent_s = 0.0
-        if kind == "ready":
-            self.state, self.reason = "ready", None
-            self.ever_ready = self._loaded = True
-            self.failed_starts = 0
-            self._became_ready.set()
-        elif kind == "done":  # (finished lines, steps, sentences, slowest step)
-            self.slowest_step_s = max(self.slowest_step_s, message[4])
-            self.on_steps(message[2], message[3])
-            for key, hyps in message[1]:
-                if key in self.held:  # else dropped meanwhile (deadline, client gone)
-                    self.held.discard(key)
-                    self.on_done(key, hyps)
-        elif kind == "failed":
-            keys = [key for key in message[1] if key in self.held]
-            self.held.difference_update(keys)
-            if keys:
-                self.on_failed(keys, RuntimeError(message[2]))
-        elif kind == "cancelled":
-            self.unacknowledged = max(self.unacknowledged - 1, 0)
-        elif kind == "load-failed":
-            self._load_error = message[1]
-
-    # ------------------------------------------------------------------ supervision
-    def busy(self) -> bool:
-        """The worker owes an answer: lines in flight, or a drop not yet confirmed."""
-        return bool(self.held) or self.unacknowledged > 0
-
-    def stall_limit_s(self) -> float:
-        """How long a worker holding lines may report nothing before it is killed."""
-        return self.limits.worker_stall_s + self.slowest_step_s
-
-    def silent_s(self, now: float) -> float:
-        """Seconds since the worker's last report that count as silence (see
-        :func:`silent_share`; without the kernel's thread statistics, all of them). Called
-        by the watchdog every 100 ms."""
-        activity = self.thread_activity(self.process.pid) if self.process is not None \
-            else None
-        since = max(self.last_news, self._sampled_at)
-        if activity is None or self._activity is None:
-            self._silent_s += now - since
-        else:
-            self._silent_s += max(silent_share(now - since, self._activity, activity), 0.0)
-        self._activity, self._sampled_at = activity, now
-        return self._silent_s
-
-    thread_activity = staticmethod(thread_activity)  # tests replace it on an instance
-
-    async def _watch(self) -> None:
-        """The watchdog (every 100 ms): kill a worker that holds lines and reports no
-        step, or that does not finish loading."""
-        while True:
-            await asyncio.sleep(0.1)
-            now = self._loop.time()
-            if self.state == "ready" and self.busy():
-                silent = self.silent_s(now)
-                if silent > self.stall_limit_s():
-                    waited = _waited_for_cpu(now - self.last_news - silent)
-                    self._kill(f"it was stalled: no decoding step for {silent:.1f} s{waited} "
-                               f"with {len(self.held)} lines in flight", cause="stalled")
-            elif self.state in ("starting", "loading") and self.process is not None and \
-                    self._kill_reason is None:
-                # it reports nothing until it is ready: its silence since it was spawned is
-                # its loading time, less what it waited for a CPU (a worker at nice 19
-                # loads slowly on a busy machine; one asleep on a read, stopped or
-                # deadlocked counts in full)
-                loading_s = self.silent_s(now)
-                if loading_s > self.limits.worker_load_timeout_s:
-                    waited = _waited_for_cpu(now - self.spawned_at - loading_s)
-                    self._kill(f"it did not load within "
-                               f"{self.limits.worker_load_timeout_s:g} s{waited}",
-                               cause="load-failed")
-
-    def _kill(self, reason: str, cause: str = "exited") -> None:
-        """Kill the worker (its pipe's EOF then fails what it held and replaces it)."""
-        if self._kill_reason is not None:
-            return
-        self._kill_reason = reason
-        self.causes[cause] += 1
-        print(f"ranmt serve: killing the decoding worker of model '{self.name}': {reason}",
-              file=sys.stderr)
-        if cause == "stalled":
-            self.state = "loading"  # not ready from now on (/ready)
-            self.reason = reason
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.process.kill()
-
-    def _died(self) -> None:
-        """The worker's pipe closed: it exited or was killed. Reap it, fail the lines it
-        held and replace it, without blocking the event loop."""
-        self._loop.remove_reader(self.connection.fileno())
-        self.connection.close()
-        self.connection = None
-        process, self.process = self.process, None
-        if self.state != "stopped":
-            self._background(self._recover(process, self._loaded))
-
-    async def _recover(self, process, loaded: bool) -> None:
-        """After a worker's end (``loaded``: it had become ready): fail what it held, then
-        start a new one, at once after a crash or a stall, after a back-off after a failed
-        load."""
-        await asyncio.to_thread(process.join, 5)
-        if process.is_alive():
-            process.kill()
-            await asyncio.to_thread(process.join, 5)
-        code = process.exitcode
-        why = self._kill_reason or self._load_error or f"it exited (code {code})"
-        keys, self.held = sorted(self.held), set()
-        if keys:
-            self.on_failed(keys, WorkerDiedError(
-                f"the decoding worker of model '{self.name}' ended while decoding this "
-                f"request: {why}"))
-        if self.state == "stopped":
-            return
-        if not self.ever_ready:  # the server's first worker: the server does not start
-            self.state = "stopped"
-            self.error = (f"the decoding worker of model '{self.name}' exited (code {code}) "
-                          f"before it was ready: {why}")
-            print(f"ranmt serve: {self.error}", file=sys.stderr)
-            self._became_ready.set()  # wakes start(), which raises
-            return
-        if not loaded:
-            self.failed_starts += 1
-            self.causes["load-failed"] += self._kill_reason is None
-        elif self._kill_reason is None:
-            self.causes["exited"] += 1
-        delay = 0.0 if not self.failed_starts else \
-            min(self.limits.restart_backoff_max_s, 2.0 ** (self.failed_starts - 1))
-        self.reason = f"its decoding worker {'failed to load' if not loaded else 'ended'}: {why}"
-        print(f"ranmt serve: model '{self.name}': {self.reason}; starting a new worker"
-              + (f" in {delay:g} s" if delay else ""), file=sys.stderr)
-        if delay:
-            self.state = "waiting"
-            self.retry_at = self._loop.time() + delay
-            if self.on_down is not None:
-                self.on_down(self.reason, delay)
-            await asyncio.sleep(delay)
-            if self.state == "stopped":
-                return
-        self.restarts += 1
-        self.state = "loading"
-        self._spawn()
-
-
-def _context():
-    """Workers are forked from a clean server process that has imported torch and ranmt
-    but run nothing (``forkserver``): they start in a fraction of a second, and no thread
-    pool of the serving process is copied into them (``spawn`` where there is no
-    forkserver)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: spawn
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ranmt.serving.worker", "ranmt.inference.translator"])
-    return context
-
-
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the kernel kills this process when its parent exits (the forkserver, which
-    exits with the server). Elsewhere the closed pipe ends it (see :func:`_decode_lines`)."""
+    exits with the server). Elsewhere the closed pipe ends it (see :func:`decode_lines`)."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -632,43 +52,46 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _worker_main(connection, load: dict, nice: int = 19) -> None:
+def worker_main(connection, load: dict, nice: int = 19) -> None:
     """The worker process: load the model, then take lines and step while it holds any.
-    A model that cannot load is reported (``load-failed``) before the process exits 1."""
+    A model that cannot load is reported (:class:`LoadFailed`) before the process exits 1."""
     from ranmt.inference.translator import Translator
     from ranmt.runtime.memory import freeze_startup_heap
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when its workers stop
-    _die_with_parent()
+    die_with_parent()
     with contextlib.suppress(OSError):
         os.nice(nice)
     try:
         translator = Translator.load(**load)
+        started = time.monotonic()
         translator.warm_up()
+        warmup_s = time.monotonic() - started
     except Exception as err:  # noqa: BLE001 (reported to the server, which retries)
         with contextlib.suppress(OSError, ValueError):
-            connection.send(("load-failed", f"{type(err).__name__}: {err}"))
+            connection.send(LoadFailed(f"{type(err).__name__}: {err}"))
         sys.exit(1)
     freeze_startup_heap()  # no full collection stalls a decoding step on the model's objects
-    connection.send(("ready",))
+    connection.send(Ready(warmup_s=warmup_s))
     with contextlib.suppress(EOFError, OSError):  # the server is gone: exit quietly
-        _decode_lines(connection, LineDecoding(translator))
+        decode_lines(connection, LineDecoding(translator))
 
 
-def _decode_lines(connection, lines: LineDecoding) -> None:
+def decode_lines(connection, lines: LineDecoding) -> None:
     """Take lines (and drops) from the pipe, and step while any are held; report finished
     lines as they finish, and at least every :data:`HEARTBEAT_S` while decoding."""
     steps, slowest, reported = 0, 0.0, time.monotonic()  # since the last report
     while True:
         if lines.idle() or connection.poll():
             message = connection.recv()  # blocks while there is nothing to decode
-            if message[0] == "stop":
+            if isinstance(message, Stop):
                 return
-            if message[0] == "cancel":
-                lines.cancel(set(message[1]))
-                connection.send(("cancelled",))
-            else:
-                lines.add(*message[1:])
+            if isinstance(message, CancelLines):
+                lines.cancel(set(message.keys))
+                connection.send(CancelAcknowledged())
+            elif isinstance(message, AddLine):
+                lines.add(message.key, message.options, message.ids, message.prefix,
+                          message.line, message.express)
             continue  # take every message already sent before the next step
         sentences = lines.sentences()
         started = time.monotonic()
@@ -676,8 +99,7 @@ def _decode_lines(connection, lines: LineDecoding) -> None:
         now = time.monotonic()
         steps, slowest = steps + 1, max(slowest, now - started)
         if finished or now - reported >= HEARTBEAT_S:
-            # (lines, steps since the last report, sentences in the last step, slowest step)
-            connection.send(("done", finished, steps, sentences, slowest))
+            connection.send(Stepped(finished, steps, sentences, slowest))
             steps, slowest, reported = 0, 0.0, now
         for keys, err in failed:
-            connection.send(("failed", keys, f"{type(err).__name__}: {err}"))
+            connection.send(LinesFailed(keys, f"{type(err).__name__}: {err}"))

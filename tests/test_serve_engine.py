@@ -184,3 +184,29 @@ def test_the_scheduling_loop_never_spins_while_its_engine_is_not_ready():
         assert len(gaps) >= 20 and max(gaps) < 0.25
         assert batcher.engine.waits <= 0.6 / 0.05 + 2  # one look per idle tick
     _run(main)
+
+
+def test_the_event_loop_lag_is_measured_by_the_server_and_exported():
+    """A callback that blocks the loop for 0.3 s shows as a lag of about 0.3 s in
+    ``ranmt_event_loop_lag_seconds`` and its 10-second maximum; an idle loop's lag is small.
+    The maximum forgets lags older than its window."""
+    from ranmt.serving.runner import LoopLagMonitor, ServeMetrics
+
+    async def main():
+        metrics = ServeMetrics()
+        monitor = LoopLagMonitor(metrics, period_s=0.02)
+        task = asyncio.ensure_future(monitor.run())
+        await asyncio.sleep(0.2)
+        quiet = metrics.registry.get_sample_value("ranmt_event_loop_lag_max_seconds")
+        asyncio.get_running_loop().call_soon(time.sleep, 0.3)  # a blocking call on the loop
+        await asyncio.sleep(0.2)
+        task.cancel()
+        blocked = metrics.registry.get_sample_value("ranmt_event_loop_lag_max_seconds")
+        count = metrics.registry.get_sample_value("ranmt_event_loop_lag_seconds_count")
+        assert quiet < 0.1 and 0.25 <= blocked < 0.6 and count >= 10
+        assert metrics.registry.get_sample_value(
+            "ranmt_event_loop_lag_seconds_bucket", {"le": "0.25"}) == count - 1
+        monitor.window_s, monitor.clock = 1.0, lambda: time.perf_counter() + 5.0
+        monitor.observe(0.01)  # 5 s later: the 0.3 s lag has left the window
+        assert metrics.registry.get_sample_value("ranmt_event_loop_lag_max_seconds") == 0.01
+    _run(main)

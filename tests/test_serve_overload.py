@@ -201,7 +201,9 @@ def test_metrics_health_and_readiness(translators):
         families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
         assert {"ranmt_requests", "ranmt_request_seconds", "ranmt_queue_requests",
                 "ranmt_queue_tokens", "ranmt_batch_sentences", "ranmt_decoded_tokens",
-                "ranmt_errors", "ranmt_model_ready", "ranmt_worker_replacements"} <= set(families)
+                "ranmt_errors", "ranmt_model_ready", "ranmt_worker_replacements",
+                "ranmt_event_loop_lag_seconds", "ranmt_event_loop_lag_max_seconds"
+                } <= set(families)
         assert _metric(client, "ranmt_model_ready", model="ran-all") == 1
         assert _metric(client, "ranmt_requests_total", endpoint="/translate",
                        status="200") == before + 3

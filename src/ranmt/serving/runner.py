@@ -6,8 +6,10 @@ decoding workers' supervision, graceful draining, and the Prometheus metrics
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable
 
 from fastapi import Request
@@ -54,6 +56,13 @@ class ServeMetrics:
         self.errors = Counter("ranmt_errors", "errors by model and kind (decoding, timeout, "
                               "overload, unavailable, disconnect, scheduler, shutdown)",
                               ["model", "kind"], registry=self.registry)
+        self.loop_lag = Histogram(
+            "ranmt_event_loop_lag_seconds", "how late the event loop ran a timer it was "
+            "given every 100 ms: time its other work (parsing, tokenizing, answering, a "
+            "blocking call) kept it from turning", registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.loop_lag_max = Gauge("ranmt_event_loop_lag_max_seconds", "the largest event-loop "
+                                  "lag of the last 10 seconds", registry=self.registry)
 
     def watch(self, served: ServedModels) -> None:
         """Export each model's readiness and its workers' replacements, read at scrape
@@ -87,6 +96,33 @@ class _ModelStates:
         yield replaced
 
 
+class LoopLagMonitor:
+    """The event loop's lag as the server itself measures it: a timer due every
+    ``period_s`` seconds, and how late the loop ran it (``ranmt_event_loop_lag_seconds``,
+    and the largest of the last ``window_s`` seconds, ``ranmt_event_loop_lag_max_seconds``).
+    ``/health`` and every refusal wait as long as this lag: it is what a client's
+    time-to-first-byte shows when the HTTP side is starved."""
+
+    def __init__(self, metrics: ServeMetrics, period_s: float = 0.1, window_s: float = 10.0,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.metrics, self.period_s, self.window_s, self.clock = metrics, period_s, window_s, clock
+        self.recent: collections.deque[tuple[float, float]] = collections.deque()  # (when, lag)
+
+    def observe(self, lag_s: float) -> None:
+        now = self.clock()
+        self.metrics.loop_lag.observe(lag_s)
+        self.recent.append((now, lag_s))
+        while self.recent and self.recent[0][0] < now - self.window_s:
+            self.recent.popleft()
+        self.metrics.loop_lag_max.set(max(lag for _, lag in self.recent))
+
+    async def run(self) -> None:
+        while True:
+            due = self.clock() + self.period_s
+            await asyncio.sleep(self.period_s)
+            self.observe(max(self.clock() - due, 0.0))
+
+
 # ------------------------------------------------------------------------------ the app
 
 
@@ -103,6 +139,7 @@ class ServedModels:
         self.batchers: dict[str, Batcher] = {}
         self.workers: dict[str, asyncio.Task] = {}  # model -> its supervised scheduling loop
         self.loop_failures: dict[str, int] = {}  # model -> scheduling loops that raised
+        self.lag_monitor: asyncio.Task | None = None
         self.metrics = ServeMetrics()
         self.metrics.watch(self)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -123,6 +160,7 @@ class ServedModels:
         for name, batcher in self.batchers.items():
             self.loop_failures[name] = 0
             self.workers[name] = asyncio.create_task(self._supervise(name, batcher))
+        self.lag_monitor = asyncio.create_task(LoopLagMonitor(self.metrics).run())
 
     async def _supervise(self, name: str, batcher: Batcher) -> None:
         """Run ``batcher``'s scheduling loop for as long as the server runs: if it raises,
@@ -143,6 +181,8 @@ class ServedModels:
     def stop(self) -> None:
         """Answer what is left (503), stop the loops and the decoding workers."""
         self._fail_all(self._shutting_down())
+        if self.lag_monitor is not None:
+            self.lag_monitor.cancel()
         for worker in self.workers.values():
             worker.cancel()
         for batcher in self.batchers.values():

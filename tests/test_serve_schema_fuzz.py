@@ -35,7 +35,10 @@ expected-statuses = ["400", "401", "404", "413", "415", "422"]
 """
 
 
-def test_the_served_schema_holds_under_fuzzing(runs, tmp_path):
+@pytest.mark.parametrize("workers", ["process", "thread"])
+def test_the_served_schema_holds_under_fuzzing(runs, tmp_path, workers):
+    """With decoding in the model's worker process (the default) and in the server's
+    decoding thread."""
     from ranmt.serving.launcher import launch_server
 
     (tmp_path / "schemathesis.toml").write_text(CONFIG)
@@ -43,7 +46,7 @@ def test_the_served_schema_holds_under_fuzzing(runs, tmp_path):
     key.write_text("fuzz-key\n")
     process, url = launch_server(["--checkpoint", f"T={runs['transf']}", "--api-key-file",
                                   str(key), "--max-lines", "8", "--max-chars", "200",
-                                  "--workers", "thread"], wait_s=60)
+                                  "--workers", workers], wait_s=60)
     try:
         command = [sys.executable, "-m", "schemathesis.cli", "--config-file",
                    str(tmp_path / "schemathesis.toml"), "run",

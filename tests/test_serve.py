@@ -205,7 +205,7 @@ def test_the_http_parser_and_event_loop_reach_uvicorn(runs, monkeypatch, http, l
     take httptools and uvloop, which ranmt installs."""
     import uvicorn
 
-    from ranmt.serving.app import serve
+    from ranmt.serving.server import serve
 
     configs = []
 

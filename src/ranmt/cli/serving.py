@@ -73,7 +73,8 @@ def _args_serve(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args) -> None:
-    from ranmt.serving.app import ServeLimits, read_api_key, serve
+    from ranmt.serving.app import ServeLimits, read_api_key
+    from ranmt.serving.server import serve
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")

@@ -25,15 +25,16 @@ requests of that batch (500 with the message) and the server keeps serving.
 Faults (docs/SERVING.md, "What happens when things fail"): every accepted request ends by
 its deadline; each model's scheduling loop runs under a supervisor that answers its jobs
 500 and restarts it if it raises; decoding workers are watched and replaced
-(:mod:`ranmt.serving.worker`); a model that cannot decode refuses at once (503 +
+(:mod:`ranmt.serving.supervisor`); a model that cannot decode refuses at once (503 +
 ``Retry-After``) and ``/ready``, ``/models`` and ``/metrics`` say which and why. SIGTERM
 (and Ctrl-C) start a graceful shutdown: new requests get 503, those in flight have
 ``--drain-s`` seconds to finish, the rest get a clean 503, then the workers stop and the
 process exits 0. The server binds to 127.0.0.1 unless ``--host`` says otherwise.
 
-This module is the HTTP side (routes, middleware, request parsing, answers, ``serve``);
-what runs behind it (the models, their queues and supervised workers, draining, metrics)
-is :mod:`ranmt.serving.runner`.
+This module is the HTTP side (routes, middleware, request parsing, answers; the answers'
+entries are built by :mod:`ranmt.serving.responses`; ``serve``, the process around the app,
+is :mod:`ranmt.serving.server`); what runs behind it (the models, their queues and
+supervised workers, draining, metrics) is :mod:`ranmt.serving.runner`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -53,12 +52,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 
-from ranmt.analysis.maps import attention_maps
-from ranmt.inference.scoring import word_alignment
 from ranmt.inference.translator import InputTooLongError, Translator
 from ranmt.runtime.memory import freeze_startup_heap
 from ranmt.serving.batching import UnavailableError, Work
 from ranmt.serving.limits import ServeLimits
+from ranmt.serving.responses import response_entries
 from ranmt.serving.runner import ServedModels, ServeMetrics
 from ranmt.serving.schema import (
     ErrorResponse,
@@ -367,7 +365,7 @@ def _add_work_endpoints(app: FastAPI, served: ServedModels) -> None:
         if isinstance(results, Response):
             return results
         translations = await asyncio.get_running_loop().run_in_executor(
-            served.executor, _entries, translator, ids, results, parsed)
+            served.executor, response_entries, translator, ids, results, parsed)
         return {"model": name, "translations": translations}
 
     @app.post("/score", response_model=None, responses={
@@ -484,103 +482,3 @@ def _quantized(translator: Translator) -> bool:
     from ranmt.inference.quantize import is_quantized
 
     return is_quantized(translator.model)
-
-
-def _entries(translator: Translator, ids: list[list[int]], results: list,
-             request) -> list[dict[str, Any]]:
-    """The response entries of one request (attention maps and alignments computed here,
-    after decoding, by teacher-forced passes over the outputs)."""
-    alignments: dict[tuple[int, int], list] = {}
-    if request.alignment:
-        flat = [(row, rank) for row, hyps in enumerate(results) for rank in range(len(hyps))]
-        pairs = translator.align_ids([ids[row] for row, _ in flat],
-                                     [results[row][rank][0] for row, rank in flat])
-        for (row, rank), subword_pairs in zip(flat, pairs):
-            alignments[row, rank] = [list(pair) for pair in word_alignment(
-                subword_pairs, _pieces(translator.src_vocab, ids[row]),
-                _pieces(translator.tgt_vocab, results[row][rank][0]))]
-
-    def hypothesis(row: int, rank: int) -> dict[str, Any]:
-        tokens, score = results[row][rank]
-        out = {"text": translator.tgt_vocab.decode([tokens])[0], "score": _finite(score)}
-        if request.alignment:
-            out["alignment"] = alignments[row, rank]
-        return out
-
-    entries = []
-    for row, (src_ids, hyps) in enumerate(zip(ids, results)):
-        entry = hypothesis(row, 0)
-        if request.nbest > 1:
-            entry["nbest"] = [hypothesis(row, rank) for rank in range(len(hyps))]
-        if request.attention:
-            entry["attention"] = (attention_maps(translator, src_ids, hyps[0][0])
-                                  if src_ids else None)
-        entries.append(entry)
-    return entries
-
-
-def _pieces(vocab, ids: list[int]) -> list[str]:
-    return [vocab.processor.id_to_piece(i) for i in ids]
-
-
-def _finite(score: float) -> float | None:
-    return score if score == score and abs(score) != float("inf") else None
-
-
-def serve(checkpoints: list[str], host: str = "127.0.0.1", port: int = 8080,
-          device: str = "auto", quantize: str = "none", limits: ServeLimits | None = None,
-          log_level: str = "info", api_key: str | None = None, precision: str = "fp32") -> None:
-    """Load the models and serve them until SIGTERM / Ctrl-C."""
-    import ipaddress
-
-    import uvicorn
-
-    limits = limits or ServeLimits()
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and api_key is None:
-        logging.getLogger("ranmt.serving.app").warning(
-            "serving on %s without an API key: anyone who can reach this address can use "
-            "the models and their compute (--api-key-file or $%s)", host, API_KEY_ENV)
-
-    translators = {name: Translator.load(path, device=device, quantize=quantize,
-                                         precision=precision)
-                   for name, path in model_names(checkpoints).items()}
-    app = create_app(translators, limits, api_key, freeze_heap=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=5, http=limits.http,
-                                           loop=limits.loop))
-    _run_until_signalled(server, app.state.served)
-
-
-def _run_until_signalled(server, served: ServedModels) -> None:
-    """Run a uvicorn server in a thread until SIGTERM / SIGINT in the main thread: the first
-    starts the graceful shutdown in the event loop (:meth:`ServedModels.begin_drain`: new
-    requests 503, those in flight finish within ``--drain-s`` or get 503), which then asks
-    uvicorn to stop (``should_exit``: stop accepting, finish writing answers); a second
-    signal stops at once. Then return (exit 0). uvicorn captures signals only in the main
-    thread, so it neither sees nor re-raises them here: no reliance on its internals."""
-    import threading
-
-    def exit_now() -> None:
-        server.should_exit = True
-
-    def stop(_signum, _frame) -> None:
-        loop = served.loop
-        if loop is None or loop.is_closed() or server.should_exit:
-            exit_now()  # not serving yet (or a second signal after the drain)
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(served.begin_drain, exit_now)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    thread = threading.Thread(target=server.run, name="ranmt-serve")
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -1093,6 +1094,8 @@ def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved
     """SIGINT to scripts/grid_workers.sh reaches every worker: each saves its cell's
     checkpoint and exits, no cell is recorded, and the script exits non-zero."""
     from ranmt.checkpoint import step_checkpoints
+    from ranmt.runtime.signals import honour_stop_signals
+    from ranmt.serving.launcher import processes_below
 
     root = Path(__file__).resolve().parent.parent
     path = _grid(tmp_path)
@@ -1101,15 +1104,28 @@ def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "WORKERS": "2", "BIN": str(Path(sys.executable).parent),
            "LOG": str(tmp_path / "worker")}
+    # SIGINT as a terminal gives it: a test run started in the background of a script has
+    # SIGINT ignored, which the script would inherit (and bash cannot trap)
     script = subprocess.Popen(["bash", str(root / "scripts/grid_workers.sh"), str(path)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    logs = [tmp_path / f"worker.{n}.log" for n in (0, 1)]
-    deadline = time.monotonic() + 300
-    while not all(log.is_file() and "step " in log.read_text() for log in logs):
-        assert time.monotonic() < deadline and script.poll() is None, "workers never trained"
-        time.sleep(0.5)
-    script.send_signal(signal.SIGINT)
-    assert script.wait(timeout=120) != 0
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=honour_stop_signals)
+    started: set[int] = set()
+    try:
+        logs = [tmp_path / f"worker.{n}.log" for n in (0, 1)]
+        deadline = time.monotonic() + 300
+        while not all(log.is_file() and "step " in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and script.poll() is None, \
+                "workers never trained"
+            started |= processes_below(script.pid)
+            time.sleep(0.5)
+        started |= processes_below(script.pid)
+        script.send_signal(signal.SIGINT)
+        assert script.wait(timeout=120) != 0
+    finally:  # pass or fail, nothing it started outlives the test
+        for pid in started | processes_below(script.pid) | {script.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        script.wait(timeout=30)
     runs = tmp_path / "exp" / "runs" / "reverse"
     for variant in ("TransF", "RAN-ALL"):
         assert not (runs / variant / "seed1" / "cell.json").exists()

@@ -48,6 +48,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ranmt.runtime.signals import honour_stop_signals
+
+    honour_stop_signals()  # Ctrl-C / SIGTERM stop it even when its parent ignored them
     args = build_parser().parse_args(argv)
     if os.environ.get("RANMT_DEBUG"):
         args.func(args)

@@ -59,7 +59,9 @@ class CellJob:
         """Train (or resume) the cell, decode and score it; True when it is finished."""
         from ranmt.experiment import run_experiment
         from ranmt.experiment.spec import load_placed
+        from ranmt.runtime.signals import honour_stop_signals
 
+        honour_stop_signals()  # a cancel (SIGINT) stops the cell even under a nohup'd parent
         selection = {"datasets": [self.dataset], "variants": [self.variant],
                      "seeds": [self.seed]}
         run_experiment(self.experiment_file, out=self.out, work=self.work, **selection)
@@ -104,6 +106,7 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
                 log=print) -> list:
     """Submit one job per unfinished cell of the grid; return the submitit jobs."""
     from ranmt.experiment.spec import load_placed
+    from ranmt.runtime.signals import children_honour_stop_signals
 
     experiment = load_placed(experiment_file, out, work)
     todo = [cell for cell in experiment.cells() if not cell.finished]
@@ -112,11 +115,14 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
         return []
     folder = Path(options.folder) if options.folder else experiment.out / "jobs"
     executor = _executor(options, folder)
-    jobs = [executor.submit(CellJob(str(Path(experiment_file).resolve()),
-                                    str(experiment.out.resolve()),
-                                    str(experiment.work) if experiment.work else None,
-                                    cell.dataset.name, cell.variant.name, cell.seed))
-            for cell in todo]
+    # the local launcher's job controllers are children of this process: a cancel (SIGINT)
+    # must reach them even when this process was started with SIGINT ignored
+    with children_honour_stop_signals():
+        jobs = [executor.submit(CellJob(str(Path(experiment_file).resolve()),
+                                        str(experiment.out.resolve()),
+                                        str(experiment.work) if experiment.work else None,
+                                        cell.dataset.name, cell.variant.name, cell.seed))
+                for cell in todo]
     for cell, job in zip(todo, jobs):
         log(f"{cell.label}: job {job.job_id} ({options.launcher})")
     return jobs

@@ -34,14 +34,9 @@ def children_honour_stop_signals():
     process has them ignored (an ignored disposition is inherited across ``exec``, a Python
     handler is reset to the default there). For children started by another library, such
     as submitit's local job controller, whose Ctrl-C / cancel must still reach them."""
-    previous = {}
-    for sig, handler in ((signal.SIGINT, signal.default_int_handler),
-                         (signal.SIGTERM, signal.SIG_DFL)):
-        with contextlib.suppress(ValueError):  # not the main thread
-            if signal.getsignal(sig) is signal.SIG_IGN:
-                previous[sig] = signal.signal(sig, handler)
+    restored = honour_stop_signals()
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for name in restored:  # ignored again, as this process had them
+            signal.signal(signal.Signals[name], signal.SIG_IGN)

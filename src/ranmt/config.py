@@ -320,6 +320,49 @@ class DecodeConfig:
         server_default="checkpoint")
 
 
+def declare_decode_option(name: str, kind: Any, declaration: dataclasses.Field) -> None:
+    """Add field ``name`` of type ``kind`` (a class or a ``Literal``; not a string) to
+    :class:`DecodeConfig`, declared by ``declaration`` (:func:`decode_option`): how a step
+    processor (``ranmt.inference.processors``) declares its option in its own file. The
+    class is re-made in place, so every module holding it sees the field; configs made
+    before read its default."""
+    if name in DecodeConfig.__dataclass_fields__ or not name.isidentifier():
+        raise ValueError(f"decode.{name} is already a decoding option (or not a name)")
+    if declaration.default is dataclasses.MISSING:
+        raise ValueError(f"decode.{name} needs a default (its value where nothing sets it)")
+    _redeclare_decode_config({**_decode_declarations(), name: (kind, declaration)})
+
+
+def withdraw_decode_option(name: str) -> None:
+    """Remove a field added by :func:`declare_decode_option`."""
+    declarations = _decode_declarations()
+    if name not in declarations or name in _BUILT_IN_DECODE_FIELDS:
+        raise ValueError(f"decode.{name} was not declared by declare_decode_option")
+    del declarations[name]
+    delattr(DecodeConfig, name)
+    _redeclare_decode_config(declarations)
+
+
+def _decode_declarations() -> dict[str, tuple[Any, dataclasses.Field]]:
+    """DecodeConfig's fields now: name -> (type, declaration), in order."""
+    hints = typing.get_type_hints(DecodeConfig)
+    return {spec.name: (hints[spec.name], spec) for spec in dataclasses.fields(DecodeConfig)}
+
+
+def _redeclare_decode_config(declarations: dict[str, tuple[Any, dataclasses.Field]]) -> None:
+    """Re-run ``@dataclass`` over DecodeConfig with these fields (the class keeps its
+    identity: the generated methods are dropped first, the declarations put back as class
+    attributes, which the decorator reads)."""
+    for generated in ("__init__", "__repr__", "__eq__", "__match_args__",
+                      "__dataclass_fields__", "__dataclass_params__"):
+        if generated in DecodeConfig.__dict__:
+            delattr(DecodeConfig, generated)
+    DecodeConfig.__annotations__ = {name: kind for name, (kind, _) in declarations.items()}
+    for name, (_, declaration) in declarations.items():
+        setattr(DecodeConfig, name, declaration)
+    dataclass(DecodeConfig)
+
+
 def decode_fields(group: str | None = None, served: bool | None = None
                   ) -> list[dataclasses.Field]:
     """:class:`DecodeConfig`'s fields in declaration order (read at each call: what is
@@ -327,6 +370,10 @@ def decode_fields(group: str | None = None, served: bool | None = None
     return [f for f in dataclasses.fields(DecodeConfig)
             if (group is None or f.metadata["group"] == group)
             and (served is None or f.metadata["served"] == served)]
+
+
+_BUILT_IN_DECODE_FIELDS = frozenset(f.name for f in dataclasses.fields(DecodeConfig))
+"""The fields declared in this file (:func:`withdraw_decode_option` keeps them)."""
 
 
 def decode_field(name: str) -> dataclasses.Field:

@@ -17,9 +17,9 @@ starts within two steps (``join_wait``). What makes it possible:
   gives each beam its row; their candidates come from that one row,
   :func:`ranmt.inference.decode.first_candidates`); that cache is then concatenated to the
   running one (source-side tensors padded to the longer source) by the reorder that ends
-  the step (:func:`reorder_merged`: one copy of the running cache), or by
-  :func:`merge_caches` where the step keeps every row, and their search state to the
-  running state.
+  the step (``ranmt.inference.cache_joins.reorder_merged``: one copy of the running
+  cache), or by ``merge_caches`` where the step keeps every row, and their search state to
+  the running state.
 * **Histories copied as far as written.** A reorder copies each row's self-attention
   history only up to its own position, in runs of rows alike
   (:func:`ranmt.attention.base.history_plan`), not up to the batch's oldest line.
@@ -40,30 +40,32 @@ whole batch).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ranmt.attention.base import gather_histories, history_plan
-from ranmt.attention.cache import DecoderCache, EnsembleCache, HistoryPlan
+from ranmt.attention.base import history_plan
+from ranmt.attention.cache import DecoderCache, EnsembleCache
 from ranmt.config import DecodeConfig
 from ranmt.data.batching import pad_sources
-from ranmt.inference.decode import (
-    BEAM_FIELDS,
+from ranmt.inference.cache_joins import (  # noqa: F401  (merge_caches: re-exported)
+    cat_padded,
+    merge_caches,
+    reorder_merged,
+    set_positions,
+    widen,
+)
+from ranmt.inference.decode import search_options
+from ranmt.inference.lengths import caps_with_prefix, length_penalty, output_caps, prefix_lengths
+from ranmt.inference.line_state import Sentences, merge_sentences
+from ranmt.inference.processors import StepRows, apply_processors, processors_for
+from ranmt.inference.selection import (
     Finished,
     best_candidates,
-    caps_with_prefix,
-    constrain_rows,
     first_candidates,
-    length_penalty,
     next_beams,
-    output_caps,
-    prefix_lengths,
-    search_options,
     select_candidates,
     store_finished,
 )
@@ -71,133 +73,6 @@ from ranmt.inference.shortlist import Shortlist
 from ranmt.model import BOS_ID, EOS_ID, PAD_ID
 
 Hypotheses = list[tuple[list[int], float]]
-
-
-@dataclass
-class _Sentences:
-    """The search state of the sentences in the batch, sentence-major (n sentences, rows =
-    n * group, group = beam, or 1 in greedy search and sampling)."""
-
-    tickets: list[Any]
-    """Per sentence: what the caller gave with it (answered with its hypotheses)."""
-    generators: list[torch.Generator | None]
-    """Per sentence: the generator its samples are drawn from (sampling), else None."""
-    steps: Tensor
-    """(n,) the step each sentence takes next: its query position."""
-    caps: Tensor
-    """(n,) output length limits (EOS forced at that step)."""
-    prefix: Tensor | None
-    """(n, P) forced target prefixes (PAD-padded), or None."""
-    scores: Tensor
-    """(n, group) beam scores (greedy search, sampling: (n, 1) summed log-probs)."""
-    history: Tensor
-    """(rows, L) tokens written so far, token t of a row at column t."""
-    finished: Finished | None
-    """Beam search: up to ``beam`` finished hypotheses per sentence (+ a spare slot)."""
-    prev: Tensor
-    """(rows, 1) the token each row feeds at its next step."""
-
-    def select(self, sentences: Tensor, rows: Tensor) -> _Sentences:
-        """The state of ``sentences`` (m,) (with their ``rows`` (m * group,))."""
-        chosen = sentences.tolist()
-        finished = None
-        if self.finished is not None:
-            finished = _finished_from(
-                lambda name: getattr(self.finished, name).index_select(0, sentences))
-        return _Sentences(
-            [self.tickets[i] for i in chosen], [self.generators[i] for i in chosen],
-            self.steps.index_select(0, sentences), self.caps.index_select(0, sentences),
-            None if self.prefix is None else self.prefix.index_select(0, sentences),
-            self.scores.index_select(0, sentences), self.history.index_select(0, rows),
-            finished, self.prev.index_select(0, rows))
-
-
-def _cat_padded(first: Tensor, second: Tensor, value: float | bool = 0) -> Tensor:
-    """``first`` and ``second`` concatenated along dim 0, every other dim padded (at its end,
-    with ``value``) to the larger of the two."""
-    orders = tuple(torch.arange(part.shape[0], device=part.device) for part in (first, second))
-    return _gather_two(first, second, orders, value)
-
-
-def merge_caches(first: Any, second: Any, key: str = "") -> Any:
-    """Two decoder caches (any variant's, an ensemble's) as one: every tensor concatenated
-    along its first (batch, row or sentence) dimension, the others padded to the larger
-    (source length, history length) with zeros, the source padding mask with True."""
-    if key in ("vocabulary", "output"):  # the batch's, shared by the two (a shortlist)
-        return first
-    if isinstance(first, Tensor):
-        return _cat_padded(first, second, True if key == "pad_mask" else 0)
-    if dataclasses.is_dataclass(first):  # the parts of ranmt.attention.cache
-        return type(first)(**{part.name: merge_caches(getattr(first, part.name),
-                                                      getattr(second, part.name), part.name)
-                              for part in dataclasses.fields(first)})
-    if key == "gathered":  # buffers that reorders gather histories into: the merged
-        return {}          # histories are new tensors, the next reorder allocates anew
-    if isinstance(first, dict):
-        if first.keys() != second.keys():
-            raise ValueError(f"cannot merge decoder caches with parts {sorted(first)} and "
-                             f"{sorted(second)}")
-        return {name: merge_caches(value, second[name], name) for name, value in first.items()}
-    if isinstance(first, list):
-        return [merge_caches(a, b, key) for a, b in zip(first, second)]
-    return first  # ints and flags (step, group, capacity) are equal in both
-
-
-def reorder_merged(running: Any, joining: Any, rows: Tensor, running_rows: int,
-                   plan: HistoryPlan) -> None:
-    """``reorder_cache(merge_caches(running, joining), rows)`` into ``running``, copying
-    each of its tensors once: ``rows`` (1-D long, sorted by sentence) index the running
-    cache's ``running_rows`` rows followed by the joining cache's. The memory side goes by
-    sentence where it is grouped, as in ``Seq2Seq.reorder_cache``; self-attention
-    histories are gathered by ``plan`` (its runs none across the two caches' rows)."""
-    first = int((rows < running_rows).sum())
-    row_orders = rows[:first], rows[first:] - running_rows
-    for ahead, behind in zip(running.members, joining.members):
-        group = ahead.group
-        sentence_orders = row_orders if group == 1 else tuple(
-            torch.div(order.view(-1, group)[:, 0], group, rounding_mode="floor")
-            for order in row_orders)
-        ahead.memory = _gather_two(ahead.memory, behind.memory, sentence_orders)
-        ahead.pad_mask = _gather_two(ahead.pad_mask, behind.pad_mask, sentence_orders, True)
-        ahead.plan = None
-        for layer_ahead, layer_behind in zip(ahead.layers, behind.layers):
-            for part, orders in (("self_attention", row_orders),
-                                 ("cross_attention", sentence_orders)):
-                cache_ahead, cache_behind = getattr(layer_ahead, part), getattr(layer_behind, part)
-                tensors_behind = dict(cache_behind.row_tensors())
-                for name, value in list(cache_ahead.row_tensors()):
-                    parts = (value, tensors_behind[name])
-                    if part == "self_attention" and name in ("k", "v"):
-                        merged = gather_histories(cache_ahead, name, tuple(zip(parts, orders)),
-                                                  plan)
-                    else:
-                        merged = _gather_two(*parts, orders)
-                    cache_ahead.set_row_tensor(name, merged)
-
-
-def _gather_two(first: Tensor, second: Tensor, orders: tuple[Tensor, Tensor],
-                pad: float | bool = 0) -> Tensor:
-    """``torch.cat([first[orders[0]], second[orders[1]]])`` with every other dim padded with
-    ``pad`` to the larger of the two, written once into a new tensor."""
-    shape = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
-    out = first.new_empty(orders[0].numel() + orders[1].numel(), *shape)
-    start = 0
-    for part, order in zip((first, second), orders):
-        region = out[start: start + order.numel()]
-        start += order.numel()
-        common = (slice(None),) + tuple(slice(0, min(size, target))
-                                        for size, target in zip(part.shape[1:], shape))
-        torch.index_select(part[common], 0, order, out=region[common])
-        for dim, (size, target) in enumerate(zip(part.shape[1:], shape), start=1):
-            if size < target:  # the slab past this part's end, along this dim
-                region[(slice(None),) * dim + (slice(size, None),)].fill_(pad)
-    return out
-
-
-def _set_positions(cache: DecoderCache | EnsembleCache, positions: Tensor, span: int) -> None:
-    """Give a decoder cache (an ensemble's: each member's) per-row positions (rows,)."""
-    for member in cache.members:
-        member.positions, member.span = positions, span
 
 
 class ContinuousDecoder:
@@ -212,9 +87,15 @@ class ContinuousDecoder:
                  limit: int | None = None, fixed_length: int | None = None, pick=None,
                  join_wait: int = 2, lexical_shortlist: Shortlist | None = None,
                  **overrides):
+        options = search_options(options, overrides)
         beam, lenpen, lenpen_style, max_len_a, max_len_b, nbest = (
-            getattr(search_options(options, overrides), name) for name in BEAM_FIELDS)
+            options.beam, options.lenpen, options.lenpen_style, options.max_len_a,
+            options.max_len_b, options.nbest)
         self.model = model
+        self.options = options
+        self.processors = processors_for(options, fixed_length)
+        """The step processors every row's log-probabilities go through
+        (``ranmt.inference.processors``), each row at its own step."""
         self.beam = beam
         self.lenpen, self.lenpen_style = lenpen, lenpen_style
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -244,7 +125,7 @@ class ContinuousDecoder:
         self.device = next(model.parameters()).device
         self._queued_at = 0  # steps_taken when the oldest queued line was added
         self.waiting: list[tuple[Any, list[int], list[int], torch.Generator | None]] = []
-        self.sentences: _Sentences | None = None
+        self.sentences: Sentences | None = None
         self.cache: DecoderCache | EnsembleCache | None = None
         self._joined: tuple[Any, int] | None = None
         """At a step where lines join a running batch: their cache and the running rows,
@@ -321,7 +202,7 @@ class ContinuousDecoder:
                                   [prefix for _, _, prefix, _ in self.waiting])
         if self.sentences is not None:
             rows_steps = self.sentences.steps.repeat_interleave(self.beam)
-            _set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
+            set_positions(self.cache, rows_steps, int(self.sentences.steps.max()) + 1)
             running = self.model.decode_step(self.sentences.prev, self.cache)
         if joins:
             joining, cache, joining_logprobs = self._start(self.waiting)
@@ -330,7 +211,7 @@ class ContinuousDecoder:
                 self.sentences, self.cache = joining, cache
             else:  # the caches are merged by the reorder that ends this step
                 self._joined = (cache, self.rows)
-                self.sentences = _merge_sentences(self.sentences, joining)
+                self.sentences = merge_sentences(self.sentences, joining)
         if running is None and joining_logprobs is None:
             return []
         self.steps_taken += 1
@@ -398,7 +279,7 @@ class ContinuousDecoder:
             done += self.step()
         return done
 
-    def _start(self, waiting) -> tuple[_Sentences, dict, Tensor]:
+    def _start(self, waiting) -> tuple[Sentences, dict, Tensor]:
         """Encode the joining lines and take their first step in a cache of their own:
         (their state, their cache, their log-probs (lines, V): one row a line, which every
         beam of the line shares at this step)."""
@@ -422,7 +303,7 @@ class ContinuousDecoder:
         cache = model.init_cache(memory, pad_mask)
         if self.vocabulary is not None:  # the running batch's layer, not packed twice
             self._restrict(cache, self.cache)
-        _set_positions(cache, torch.zeros(count, dtype=torch.long, device=device), 1)
+        set_positions(cache, torch.zeros(count, dtype=torch.long, device=device), 1)
         prev = torch.full((count, 1), BOS_ID, dtype=torch.long, device=device)
         logprobs = model.decode_step(prev, cache)  # (count, V)
         if group > 1:
@@ -432,13 +313,13 @@ class ContinuousDecoder:
                 self._restrict(wide)
                 for small, widened in zip(cache.members, wide.members):
                     widened.output = small.output  # packed once for the joining lines
-            cache = _widen(cache, wide, beams)
+            cache = widen(cache, wide, beams)
             prev = prev.index_select(0, beams)
         scores = torch.zeros(count, group, device=device)
         scores[:, 1:] = float("-inf")  # all beams start identical: only the first is alive
         capacity = int(caps.max()) + 1
         finished = Finished(count, group + 1, capacity, device) if group > 1 else None
-        state = _Sentences(
+        state = Sentences(
             [ticket for ticket, _, _, _ in waiting], [gen for _, _, _, gen in waiting],
             torch.zeros(count, dtype=torch.long, device=device), caps, prefix, scores,
             torch.zeros(count * group, capacity, dtype=torch.long, device=device), finished,
@@ -448,16 +329,17 @@ class ContinuousDecoder:
     # ------------------------------------------------------------------ the searches
     def _constrain(self, logprobs: Tensor, sentences: slice = slice(None), group: int | None = None
                    ) -> Tensor:
-        """Length limits, fixed length and prefixes at each row's own step (in place), for
-        log-probs of ``sentences`` with ``group`` rows each (the beam by default); returns
-        the rows' steps."""
+        """The step processors (length limits, fixed length, prefixes, ...) at each row's
+        own step (in place), for log-probs of ``sentences`` with ``group`` rows each (the
+        beam by default); returns the rows' steps."""
         state, group = self.sentences, self.beam if group is None else group
         row_steps = state.steps[sentences].repeat_interleave(group)
         prefix = state.prefix
         if prefix is not None:
             prefix = prefix[sentences].repeat_interleave(group, 0)
-        constrain_rows(logprobs, row_steps, self.fixed_length,
-                        state.caps[sentences].repeat_interleave(group), prefix)
+        rows = StepRows(row_steps, state.caps[sentences].repeat_interleave(group), prefix,
+                        self.options, self.fixed_length)
+        apply_processors(self.processors, logprobs, rows)
         return row_steps
 
     def _candidates(self, running: Tensor | None, joining: Tensor | None
@@ -545,9 +427,10 @@ class ContinuousDecoder:
     def _reorder(self, rows: Tensor, kept: Tensor) -> None:
         """Keep decoder ``rows`` (sorted by sentence) of the cache, those of the sentences
         ``kept``; at a step where lines joined, of the running and the joining caches as
-        one (:func:`reorder_merged`: one copy of the running cache instead of a merge and
-        then a reorder). Self-attention histories are copied up to each row's position
-        (:func:`ranmt.attention.base.history_plan`), not to the batch's longest."""
+        one (``ranmt.inference.cache_joins.reorder_merged``: one copy of the running cache
+        instead of a merge and then a reorder). Self-attention histories are copied up to
+        each row's position (:func:`ranmt.attention.base.history_plan`), not to the
+        batch's longest."""
         written = (self.sentences.steps.index_select(0, kept) + 1).tolist()
         if self._joined is None:
             plan = history_plan(written, self.beam)
@@ -575,7 +458,7 @@ class ContinuousDecoder:
             start = end
         return torch.cat(scores), torch.cat(tokens)
 
-    def _write(self, state: _Sentences, row_steps: Tensor, tokens: Tensor) -> None:
+    def _write(self, state: Sentences, row_steps: Tensor, tokens: Tensor) -> None:
         """Write each row's new token at its step; the sentences move one step on."""
         state.history[torch.arange(len(row_steps), device=self.device), row_steps] = tokens
         state.steps += 1
@@ -591,59 +474,3 @@ class ContinuousDecoder:
                 for slot in range(min(count, self.beam))]
         hyps = sorted(hyps, key=lambda item: -item[1])[: self.nbest]
         return hyps if hyps else [([], -math.inf)]
-
-
-def _widen(taken: Any, beams_cache: Any, beams: Tensor) -> Any:
-    """The cache ``taken`` of a first step with one row a line, as the cache of a line's
-    beams (``beams`` (n * g,): the line of each row): ``beams_cache``, fresh from
-    ``init_cache(..., group=g)``, gets the step's self-attention histories row by row and
-    its cross-attention state as it keeps its memory side: per line where the memory is
-    grouped (the projected memory as computed), else per row. Ensembles member by member."""
-    for small, wide in zip(taken.members, beams_cache.members):
-        # The step's positions and span: what the step's reorder trims histories by (the
-        # attention caches' own are set by the next step's forward).
-        wide.step, wide.span = small.step, small.span
-        wide.positions = small.positions.index_select(0, beams)
-        for small_layer, wide_layer in zip(small.layers, wide.layers):
-            for part in ("self_attention", "cross_attention"):
-                before, after = getattr(small_layer, part), getattr(wide_layer, part)
-                per_line = part == "cross_attention" and wide.group > 1
-                for name, value in before.row_tensors():
-                    after.set_row_tensor(name, value if per_line else value.index_select(0, beams))
-    return beams_cache
-
-
-def _merge_sentences(first: _Sentences, second: _Sentences) -> _Sentences:
-    """The running sentences followed by the joining ones (histories and prefixes padded)."""
-    prefix = None
-    if first.prefix is not None or second.prefix is not None:
-        prefix = _cat_padded(_prefix_or_none(first), _prefix_or_none(second), PAD_ID)
-    finished = None
-    if first.finished is not None:
-        finished = _finished_from(lambda name: _cat_padded(
-            getattr(first.finished, name), getattr(second.finished, name),
-            -math.inf if name == "scores" else 0))
-    return replace(
-        first, tickets=first.tickets + second.tickets,
-        generators=first.generators + second.generators,
-        steps=torch.cat([first.steps, second.steps]), caps=torch.cat([first.caps, second.caps]),
-        prefix=prefix, scores=torch.cat([first.scores, second.scores]),
-        history=_cat_padded(first.history, second.history), finished=finished,
-        prev=torch.cat([first.prev, second.prev]))
-
-
-def _prefix_or_none(state: _Sentences) -> Tensor:
-    """The sentences' prefixes (n, P), or (n, 1) PAD (no prefix) when they have none."""
-    if state.prefix is not None:
-        return state.prefix
-    return torch.full((len(state.tickets), 1), PAD_ID, dtype=torch.long,
-                      device=state.steps.device)
-
-
-def _finished_from(part) -> Finished:
-    """A :class:`ranmt.inference.decode.Finished` whose tensors are ``part(name)`` for each of its
-    scores, tokens, lengths and counts (a selection or a merge of others)."""
-    finished = Finished.__new__(Finished)
-    for name in ("scores", "tokens", "lengths", "counts"):
-        setattr(finished, name, part(name))
-    return finished

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ranmt.config import check_sampling
+from ranmt.config import DecodeConfig, check_sampling
 from ranmt.inference.decode import greedy_search
 
 METHODS = ("topk", "topp", "eps")
@@ -84,17 +84,19 @@ class Sampler:
 
 
 def sample(model, src: Tensor, sampler: Sampler, samples: int = 1, seed: int = 0,
-           max_len_a: float = 1.2, max_len_b: int = 10, prefix: Tensor | None = None
-           ) -> list[list[tuple[list[int], float]]]:
+           max_len_a: float = 1.2, max_len_b: int = 10, prefix: Tensor | None = None,
+           options: DecodeConfig | None = None) -> list[list[tuple[list[int], float]]]:
     """Draw ``samples`` translations of each sentence of src (B, S) -> per sentence a list of
     ``samples`` ``(tokens, logprob)`` in the order drawn (not sorted). ``prefix`` (B, P):
-    target prefixes every sample starts with."""
+    target prefixes every sample starts with. ``options``: the decoding options whose step
+    processors (``ranmt.inference.processors``) apply (their length limits replaced by
+    ``max_len_a``/``max_len_b``)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, not {samples}")
     generator = torch.Generator(device=src.device).manual_seed(seed)
     rows = src.repeat_interleave(samples, dim=0)  # sample j of sentence b: row b*samples + j
     row_prefix = None if prefix is None else prefix.repeat_interleave(samples, dim=0)
-    drawn = greedy_search(model, rows, max_len_a=max_len_a, max_len_b=max_len_b, prefix=row_prefix,
-                          pick=sampler.pick(generator))
+    drawn = greedy_search(model, rows, options, max_len_a=max_len_a, max_len_b=max_len_b,
+                          prefix=row_prefix, pick=sampler.pick(generator))
     return [[hyp for row in drawn[b * samples: (b + 1) * samples] for hyp in row]
             for b in range(src.shape[0])]

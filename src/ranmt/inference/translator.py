@@ -223,7 +223,8 @@ class Translator:
                 prefix = torch.searchsorted(vocabulary, prefix)
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)
-            hyps = sample(model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b, prefix)
+            hyps = sample(model, src, sampler, d.nbest, seed, d.max_len_a, d.max_len_b, prefix,
+                          options=d)
         else:
             hyps = search(model, src, d, prefix=prefix)
         if vocabulary is None:

@@ -173,7 +173,8 @@ def test_decoding_defaults_are_declared_once(runs, reverse_data, tmp_path, trans
     assert len(_translate(beam2, source, tmp_path, "--nbest", "2")) == 2 * len(LINES)
     with pytest.raises(SystemExit):
         _translate(beam2, source, tmp_path, "--nbest", "3")
-    assert "decode.nbest must be between 1 and decode.beam (2)" in capsys.readouterr().err
+    assert "decode.nbest must be between 1 and the beam size (decode.beam = 2)" in \
+        capsys.readouterr().err
 
 
 def test_a_decoding_option_declared_once_reaches_the_cli_the_api_and_the_server(

@@ -376,7 +376,7 @@ def test_searches_take_one_options_object_and_repeat_no_default():
     with pytest.raises(ConfigError, match="unknown decoding option 'lenpn'; did you mean "
                                           "lenpen"):
         decode.search(model, src, lenpn=1.0)
-    with pytest.raises(ConfigError, match="decode.nbest must be between 1 and decode.beam"):
+    with pytest.raises(ConfigError, match="decode.nbest must be between 1 and the beam size"):
         decode.search(model, src, beam=2, nbest=3)
 
 

@@ -137,7 +137,8 @@ def test_invalid_utf8_in_translate_input(checkpoint, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--beam", "0"], "--beam must be >= 1"),
-    (["--beam", "2", "--nbest", "3"], "decode.nbest must be between 1 and decode.beam (2)"),
+    (["--beam", "2", "--nbest", "3"],
+     "decode.nbest must be between 1 and the beam size (decode.beam = 2)"),
     (["--max-len-a", "-1"], "--max-len-a must be >= 0, not -1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
 ])

@@ -198,4 +198,5 @@ def test_the_server_uses_the_checkpoints_decoding_defaults(runs, reverse_data, t
         asked = client.post("/translate", json={"text": LINES, "beam": 5, "nbest": 1}).json()
         assert set(beams) == {5} and "nbest" not in asked["translations"][0]
         refused = client.post("/translate", json={"text": LINES, "nbest": 3})
-        assert refused.status_code == 400 and "beam size (2)" in refused.json()["error"]
+        assert refused.status_code == 400
+        assert "the beam size ('beam' = 2)" in refused.json()["error"]

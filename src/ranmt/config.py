@@ -794,13 +794,28 @@ def check_sampling(topk: int, topp: float, epsilon: float, temperature: float,
                          "temperature": temperature}, lambda name: f"{prefix}{name}")
 
 
+def decode_conflict(d: DecodeConfig, label=lambda name: f"decode.{name}") -> str | None:
+    """The first rule across decoding fields that ``d`` breaks, as a message naming the
+    fields by ``label`` (the server passes its request fields' names), or None. The one
+    place these rules live: the config's validation (so the command line and the Python
+    API) and the server's requests (``ranmt.serving.app``) read them here."""
+    if d.sampling == "none" and d.nbest > d.beam:
+        return (f"{label('nbest')} must be between 1 and the beam size ({label('beam')} = "
+                f"{d.beam}), not {d.nbest}")
+    if d.shortlist and d.cuda_graphs:
+        return (f"{label('shortlist')} does not go with {label('cuda_graphs')}: a recorded "
+                "step's output layer is fixed, a shortlist changes it per batch")
+    return None
+
+
 def validate_decode(d: DecodeConfig) -> None:
-    """Check the decoding settings: each field within its declared bounds, and nbest at
-    most the beam when searching."""
+    """Check the decoding settings: each field within its declared bounds, and the rules
+    across fields (:func:`decode_conflict`: nbest at most the beam when searching, ...)."""
     check_choices(d, "decode.")
     check_decode_bounds({f.name: getattr(d, f.name) for f in dataclasses.fields(d)})
-    if d.sampling == "none" and d.nbest > d.beam:
-        raise ConfigError(f"decode.nbest must be between 1 and decode.beam ({d.beam})")
+    conflict = decode_conflict(d)
+    if conflict is not None:
+        raise ConfigError(conflict)
 
 
 def decode_with(decode: DecodeConfig, **overrides) -> DecodeConfig:

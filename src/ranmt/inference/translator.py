@@ -214,9 +214,7 @@ class Translator:
     def _decode_batch(self, src, prefix, d: DecodeConfig, seed: int):
         """One padded batch src (B, S) -> per sentence its hypotheses."""
         model, vocabulary = self.model, None
-        if d.shortlist:
-            if d.cuda_graphs:
-                raise ValueError("decode.shortlist and decode.cuda_graphs do not go together")
+        if d.shortlist:  # not with cuda_graphs: decode_with refuses the pair
             vocabulary = self.lexical_shortlist().vocabulary(src, prefix)
             model = RestrictedOutput(self.model, vocabulary)
             if prefix is not None:  # target ids -> indices into the batch's vocabulary
@@ -261,8 +259,6 @@ class Translator:
         generator of :func:`line_generator`)."""
         d = decode_with(self.decode_config, **decode_overrides)
         shortlist = self.lexical_shortlist() if d.shortlist else None
-        if shortlist is not None and d.cuda_graphs:
-            raise ValueError("decode.shortlist and decode.cuda_graphs do not go together")
         self.model.eval()
         if d.sampling != "none":
             sampler = Sampler(d.sampling, d.topk, d.topp, d.epsilon, d.temperature)

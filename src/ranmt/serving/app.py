@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import time
@@ -52,6 +53,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 
+from ranmt.config import decode_conflict
 from ranmt.inference.translator import InputTooLongError, Translator
 from ranmt.runtime.memory import freeze_startup_heap
 from ranmt.serving.batching import UnavailableError, Work
@@ -242,9 +244,12 @@ def _beam_and_nbest(translator: Translator, parsed, limits: ServeLimits
         return parsed.beam, parsed.nbest if parsed.nbest is not None else defaults.nbest
     beam = parsed.beam if parsed.beam is not None else min(defaults.beam, limits.max_beam)
     nbest = parsed.nbest if parsed.nbest is not None else min(defaults.nbest, beam)
-    if nbest > beam:
-        raise RequestError(400, f"'nbest' must be between 1 and the beam size ({beam}), not "
-                                f"{nbest}")
+    shortlist = defaults.shortlist if parsed.shortlist is None else parsed.shortlist
+    conflict = decode_conflict(
+        dataclasses.replace(defaults, beam=beam, nbest=nbest, shortlist=shortlist),
+        lambda name: f"'{name}'")
+    if conflict is not None:
+        raise RequestError(400, conflict)
     return beam, nbest
 
 

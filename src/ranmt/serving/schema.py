@@ -79,10 +79,9 @@ class _TranslateBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
-    def _nbest_within_beam(self):
-        if self.sampling is None and self.nbest is not None and self.beam is not None \
-                and self.nbest > self.beam:
-            raise ValueError("nbest_above_beam")
+    def _prefix_per_line(self):
+        # (nbest against the beam: the server checks the merged options,
+        # ranmt.config.decode_conflict, where the checkpoint's defaults are known)
         if self.prefix is not None and len(self.prefix) != len(self.text):
             raise ValueError("prefix_lines")
         return self
@@ -110,13 +109,13 @@ def request_model(max_lines: int, max_chars: int, max_beam: int,
                                 description="lines to translate")),
         model=(StrictStr | None, Field(None, description="a name from GET /models (default: "
                                                          "the first loaded)")),
+        **served_decode_fields({"max_beam": max_beam}),
         attention=(StrictBool, Field(False, description="return attention weights")),
         timeout_s=_timeout_field(max_timeout_s),
         prefix=(list[line] | None, Field(None, max_length=max_lines, description=(
             "per line the text its translation starts with (\"\": none); as many lines as "
             "'text' (else 400: JSON Schema cannot say that two arrays are as long)"))),
         alignment=(StrictBool, Field(False, description="return word alignments")),
-        **served_decode_fields({"max_beam": max_beam}),
     )
 
 
@@ -197,27 +196,20 @@ def parse_translate(body: bytes, model: type[BaseModel]):
         raise _refusal(err.errors(include_url=False), data, model) from None
 
 
-# The order in which problems are reported when a body has several (the first wins); fields
-# not listed (decoding options declared later) come after these.
-_FIELD_ORDER = ("text", "source", "target", "model", "beam", "nbest", "attention", "timeout_s",
-                "prefix", "alignment", "sampling", "topk", "topp", "epsilon", "temperature",
-                "seed")
-
-
 def _refusal(errors: list[dict], data: dict, model: type[BaseModel]) -> RequestError:
     """One :class:`RequestError` for pydantic's ``errors`` of body ``data``."""
     extra = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     if extra:
         allowed = sorted(model.model_fields)
         return RequestError(400, f"unknown field(s) {extra}; allowed: {allowed}")
-    errors = sorted(errors, key=lambda e: _FIELD_ORDER.index(e["loc"][0])
-                    if e["loc"] and e["loc"][0] in _FIELD_ORDER else len(_FIELD_ORDER))
+    # several problems: the first field in the request model's order is reported (text,
+    # model, the decoding options as DecodeConfig declares them, then the rest)
+    order = list(model.model_fields)
+    errors = sorted(errors, key=lambda e: order.index(e["loc"][0])
+                    if e["loc"] and e["loc"][0] in order else len(order))
     error = errors[0]
     field = str(error["loc"][0]) if error["loc"] else ""
     kind, context = error["type"], error.get("ctx", {})
-    if kind == "value_error" and "nbest_above_beam" in error["msg"]:
-        return RequestError(400, f"'nbest' must be between 1 and the beam size, not "
-                                 f"{data.get('nbest')}")
     if kind == "value_error" and "prefix_lines" in error["msg"]:
         return RequestError(400, f"'prefix' has {len(data['prefix'])} lines but 'text' has "
                                  f"{len(data['text'])}: give one prefix per line")

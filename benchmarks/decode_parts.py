@@ -26,6 +26,7 @@ import time
 import torch
 
 import ranmt.inference.decode as decode
+import ranmt.inference.selection as selection
 from ranmt.config import load_config
 from ranmt.model import EOS_ID, build_model
 from ranmt.runtime.memory import retain_freed_memory
@@ -47,11 +48,12 @@ def _timed(owner, attribute: str, label: str, totals: collections.Counter) -> No
 
 def _instrument(model, totals: collections.Counter) -> list:
     """Timers around the parts of ``model`` and of the search; returns what to restore."""
-    saved = [(torch, "log_softmax", torch.log_softmax), (decode, "row_topk", decode.row_topk),
-             (decode, "_constrain", decode._constrain)]
+    saved = [(torch, "log_softmax", torch.log_softmax),
+             (selection, "row_topk", selection.row_topk),
+             (decode, "apply_processors", decode.apply_processors)]
     _timed(torch, "log_softmax", "log-softmax (fp32)", totals)
-    _timed(decode, "row_topk", "top-k per row", totals)
-    _timed(decode, "_constrain", "constraints", totals)
+    _timed(selection, "row_topk", "top-k per row", totals)
+    _timed(decode, "apply_processors", "constraints (step processors)", totals)
     _timed(model, "reorder_cache", "cache reorder", totals)
     _timed(model.decoder, "project", "output projection", totals)
     _timed(model, "encode", "encoder", totals)

@@ -15,10 +15,10 @@ define the score of a forced-length hypothesis differently (CTranslate2 4.x,
 
 Neither changes a greedy arg-max, both change which beam wins. This script decodes the same
 sentences with CTranslate2 and with ranmt's beam search under each definition (ranmt's own,
-and CTranslate2's, put in through the search's constraint hook), with the length penalty
-off so that scores are summed log-probabilities, and prints how often the best hypotheses
-agree and how far the scores of agreeing ones differ. If the definitions are the whole
-story, ranmt under CTranslate2's definition agrees with CTranslate2 on (nearly) every
+and CTranslate2's, as a step processor in place of ranmt's length processors), with the
+length penalty off so that scores are summed log-probabilities, and prints how often the
+best hypotheses agree and how far the scores of agreeing ones differ. If the definitions
+are the whole story, ranmt under CTranslate2's definition agrees with CTranslate2 on (nearly) every
 sentence, and scores match to float32 rounding.
 
     python benchmarks/fixed_length_agreement.py --run RUN --data DATA --ct2 CT2_DIR \\
@@ -37,32 +37,54 @@ import torch
 from ranmt.data.batching import pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.inference import decode
+from ranmt.inference.processors import (
+    PROCESSORS,
+    Processor,
+    register_processor,
+    unregister_processor,
+)
 from ranmt.inference.translator import Translator
 from ranmt.model import EOS_ID
 from ranmt.runtime.precision import cpu_description
 
 
-def ct2_constrain(logprobs: torch.Tensor, step: int, fixed_length: int | None,
-                  caps: torch.Tensor, prefix, sentences) -> None:
-    """CTranslate2's forced length as a ranmt constraint on rows (n, V), in place: before
-    ``fixed_length`` EOS is removed and the rest renormalised (a log-softmax without EOS);
-    at ``fixed_length`` the hypothesis ends at no cost (EOS with log-probability 0)."""
-    if fixed_length is None or prefix is not None:
-        raise ValueError("only a fixed length, without prefixes")
-    if step < fixed_length:
-        logprobs[:, EOS_ID] = float("-inf")
-        logprobs.sub_(torch.logsumexp(logprobs, dim=-1, keepdim=True))
-    else:
-        logprobs.fill_(float("-inf"))
-        logprobs[:, EOS_ID] = 0.0
+class CT2FixedLength(Processor):
+    """CTranslate2's forced length as a ranmt step processor, in place of ranmt's own
+    (``fixed_length`` and ``length_limit``): before the fixed length EOS is removed and the
+    rest renormalised (a log-softmax without EOS); at the fixed length the hypothesis ends
+    at no cost (EOS with log-probability 0)."""
+
+    name, order = "ct2_fixed_length", 10
+
+    def __init__(self, length: int):
+        self.length = length
+
+    @classmethod
+    def build(cls, options, fixed_length):
+        if fixed_length is None:
+            raise ValueError("only with a fixed length")
+        return cls(fixed_length)
+
+    def __call__(self, logprobs: torch.Tensor, rows) -> None:
+        if rows.prefix is not None:
+            raise ValueError("only a fixed length, without prefixes")
+        if rows.step < self.length:
+            logprobs[:, EOS_ID] = float("-inf")
+            logprobs.sub_(torch.logsumexp(logprobs, dim=-1, keepdim=True))
+        else:
+            logprobs.fill_(float("-inf"))
+            logprobs[:, EOS_ID] = 0.0
 
 
 def ranmt_best(model, batches, beam: int, fixed_length: int, definition: str) -> list:
     """Best (tokens, score) per sentence from ranmt's shrinking beam search (greedy at beam
-    1) under ``definition`` ("ranmt" or "ctranslate2")."""
-    original = decode._constrain
+    1) under ``definition`` ("ranmt" or "ctranslate2": its processor registered in place of
+    ranmt's length processors for the call)."""
+    replaced = [PROCESSORS[name] for name in ("fixed_length", "length_limit")]
     if definition == "ctranslate2":
-        decode._constrain = ct2_constrain
+        for processor in replaced:
+            unregister_processor(processor.name)
+        register_processor(CT2FixedLength)
     try:
         best = []
         for batch in batches:
@@ -72,7 +94,10 @@ def ranmt_best(model, batches, beam: int, fixed_length: int, definition: str) ->
             best += [h[0] for h in hyps]
         return best
     finally:
-        decode._constrain = original
+        if definition == "ctranslate2":
+            unregister_processor(CT2FixedLength.name)
+            for processor in replaced:
+                register_processor(processor)
 
 
 def ct2_best(engine, translator: Translator, batches, beam: int, fixed_length: int) -> list:

@@ -296,14 +296,14 @@ def test_finished_nbest_of_a_sentence_without_hypotheses():
 
 
 def test_search_runs_the_documented_implementation_with_every_option(monkeypatch):
-    """``search`` on a CPU: greedy for beam 1, the shrinking beam search otherwise, the
-    reference with ``reference``, the sync-free searches with ``sync_free`` or ``graphs``;
-    the prefix, the n-best count and the sync-free options reach the implementation."""
+    """``search`` on a CPU: the search loop (greedy for beam 1, beam otherwise) in its
+    shrinking form, the reference with ``reference``, the loop's static (sync-free) form
+    with ``sync_free`` or ``graphs``; the prefix, the n-best count and the sync-free
+    options reach the implementation."""
     from ranmt.inference import decode
 
     calls = []
-    names = ("greedy_search", "beam_search", "greedy_search_reference",
-             "beam_search_reference", "greedy_search_sync_free", "beam_search_sync_free")
+    names = ("run_search", "greedy_search_reference", "beam_search_reference")
 
     def spying(name, implementation):
         def spy(model, src, options, **kwargs):
@@ -316,13 +316,14 @@ def test_search_runs_the_documented_implementation_with_every_option(monkeypatch
     model, _ = tiny_model(seed=1)
     src, _ = random_batch(batch=2, seed=1)
     prefix = torch.tensor([[5, 6], [7, 0]])
-    cases = [(dict(beam=1), "greedy_search", {}),
-             (dict(beam=2), "beam_search", {}),
+    cases = [(dict(beam=1), "run_search", {"static": False}),
+             (dict(beam=2), "run_search", {"static": False}),
              (dict(beam=1, reference=True), "greedy_search_reference", {}),
              (dict(beam=3, reference=True), "beam_search_reference", {}),
-             (dict(beam=1, sync_free=True, check_every=3), "greedy_search_sync_free",
-              {"check_every": 3}),
-             (dict(beam=3, cuda_graphs=True), "beam_search_sync_free", {"check_every": 8})]
+             (dict(beam=1, sync_free=True, check_every=3), "run_search",
+              {"static": True, "check_every": 3}),
+             (dict(beam=3, cuda_graphs=True), "run_search",
+              {"static": True, "check_every": 8})]
     for args, name, forwarded in cases:
         calls.clear()
         results = decode.search(model, src, prefix=prefix, **args)

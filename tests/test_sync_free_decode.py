@@ -121,9 +121,8 @@ def test_search_picks_the_sync_free_path_off_the_cpu(monkeypatch):
     import ranmt.inference.decode as decode
 
     called = []
-    monkeypatch.setattr(decode, "beam_search", lambda *a, **k: called.append("shrinking"))
-    monkeypatch.setattr(decode, "beam_search_sync_free",
-                        lambda *a, **k: called.append("sync-free"))
+    monkeypatch.setattr(decode, "run_search", lambda *a, static, **k: called.append(
+        "sync-free" if static else "shrinking"))
 
     class FakeCuda:
         device = torch.device("meta")

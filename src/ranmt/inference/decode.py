@@ -74,7 +74,7 @@ def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfi
     return decode_with(DecodeConfig() if options is None else options, **overrides)
 
 
-# ------------------------------------------------------------------------------ shrinking
+# ------------------------------------------------------------------------------ the loop
 
 
 def _start(model: Seq2Seq, src: Tensor, options: DecodeConfig, limit: int | None,
@@ -90,255 +90,281 @@ def _start(model: Seq2Seq, src: Tensor, options: DecodeConfig, limit: int | None
     return caps, capacity, model.init_cache(memory, pad_mask, group=group, capacity=capacity)
 
 
-@torch.inference_mode()
-def greedy_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
-                  limit: int | None = None, fixed_length: int | None = None,
-                  prefix: Tensor | None = None, pick=None, **overrides
-                  ) -> list[list[tuple[list[int], float]]]:
-    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``.
+class _Decoder:
+    """The decoder side of a search step: the model's ``decode_step`` and ``reorder_cache``
+    (a shrinking search's rows leave the batch; a static one's move within their sentence),
+    or a :class:`StaticDecoder` (fixed addresses, for a recorded step)."""
 
-    The fast path: histories in static caches, tokens written into one (B, max_len + 1)
-    tensor, finished sentences leave the batch. Same output as
-    :func:`greedy_search_reference`. ``pick`` (log-probs (n, V) -> (scores (n,), tokens
-    (n,))) replaces the arg-max: a sampler (``ranmt.inference.sampling``); the scores it returns are
-    what the hypothesis' score sums.
-    """
-    options = search_options(options, overrides)
-    processors = processors_for(options, fixed_length)
-    batch, device = src.shape[0], src.device
-    caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix)  # (B,)
-    tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
-    lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)
-    scores = torch.zeros(batch, device=device)
-    active = torch.arange(batch, device=device)  # sentences still decoding
-    prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
-    rows = StepRows(0, caps, prefix, options, fixed_length)  # the active rows'
-    for step in range(capacity):
-        logprobs = model.decode_step(prev, cache)  # (n, V)
-        rows.step = step
-        apply_processors(processors, logprobs, rows)
-        best_score, best = logprobs.max(dim=-1) if pick is None else pick(logprobs)  # (n,)
-        scores[active] += best_score
-        tokens[active, step] = best
+    def __init__(self, model, cache, rows: int, capacity: int, device, static: bool,
+                 fixed_addresses: bool):
+        self.model, self.cache, self.static = model, cache, static
+        self.fixed = StaticDecoder(model, cache, rows, capacity, device) \
+            if fixed_addresses else None
+
+    def decode(self, prev: Tensor) -> Tensor:
+        if self.fixed is not None:
+            return self.fixed.decode(prev)
+        return self.model.decode_step(prev, self.cache)
+
+    def reorder(self, rows: Tensor) -> None:
+        if self.fixed is not None:
+            self.fixed.reorder(rows)
+        else:
+            self.model.reorder_cache(self.cache, rows, within_groups=self.static)
+
+
+def _argmax(logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    return logprobs.max(dim=-1)
+
+
+class _GreedyState:
+    """Greedy search (or sampling: another ``pick``) over B sentences, one row each.
+
+    Shrinking (``static`` False): a sentence that writes EOS leaves the batch (its row
+    dropped from the cache); the step is a host int. Static: every row stays to the end (a
+    finished one writes PAD and adds nothing to its score), the state is updated in place
+    and the step lives on the device, so that no step reads a device value on the host and
+    the whole step can be recorded as a CUDA graph."""
+
+    def __init__(self, batch: int, capacity: int, device, rows: StepRows, decoder: _Decoder,
+                 pick, static: bool):
+        self.capacity, self.static, self.decoder = capacity, static, decoder
+        self.pick = _argmax if pick is None else pick
+        self.tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
+        self.lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)
+        self.scores = torch.zeros(batch, device=device)
+        self.prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+        self.step = torch.zeros((), dtype=torch.long, device=device) if static else 0
+        self.active = torch.arange(batch, device=device)  # shrinking: sentences decoding
+        self.rows, self.over = rows, False
+        rows.step = self.step
+
+    def advance(self, logprobs: Tensor) -> None:
+        """Take one token per row from its (processed) log-probs (n, V)."""
+        best_score, best = self.pick(logprobs)  # (n,)
+        if self.static:
+            live = self.lengths.eq(self.capacity)
+            self.scores.add_(best_score.masked_fill(~live, 0.0))
+            self.tokens.scatter_(1, self.step.expand(len(live), 1),
+                                 best.masked_fill(~live, PAD_ID)[:, None])
+            self.lengths.copy_(torch.where(live & best.eq(EOS_ID), self.step, self.lengths))
+            self.prev.copy_(best[:, None])
+            self.step.add_(1)
+            return
+        active, step = self.active, self.step
+        self.scores[active] += best_score
+        self.tokens[active, step] = best
         ended = best.eq(EOS_ID)
         if bool(ended.any()):
-            lengths[active[ended]] = step
+            self.lengths[active[ended]] = step
             keep = (~ended).nonzero().squeeze(1)
             if keep.numel() == 0:
-                break
-            active, best = active[keep], best[keep]
-            rows = rows.select(keep)
-            model.reorder_cache(cache, keep)
-        prev = best[:, None]
-    lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
-    return [[(tokens[row][: lengths[row]], scores[row])] for row in range(batch)]
+                self.over = True
+                return
+            self.active, best = active[keep], best[keep]
+            self.rows = self.rows.select(keep)
+            self.decoder.reorder(keep)
+        self.prev = best[:, None]
+        self.step = self.rows.step = step + 1
+
+    def done(self, index: int, check_every: int) -> bool:
+        if not self.static:
+            return self.over
+        return (index + 1) % check_every == 0 and not bool(self.lengths.eq(self.capacity).any())
+
+    def results(self) -> list[list[tuple[list[int], float]]]:
+        lengths, scores, tokens = (self.lengths.tolist(), self.scores.tolist(),
+                                   self.tokens.tolist())
+        return [[(tokens[row][: lengths[row]], scores[row])] for row in range(len(lengths))]
 
 
-@torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
-                limit: int | None = None, fixed_length: int | None = None,
-                prefix: Tensor | None = None, **overrides
-                ) -> list[list[tuple[list[int], float]]]:
-    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``.
+class _BeamState:
+    """Batched beam search over B sentences, ``beam`` rows each (sentence-major).
 
-    The fast path of :func:`beam_search_reference` (same hypotheses, same scores): static
-    caches, the selection of each step as tensor operations over all sentences (no Python
-    loop over sentences), the histories and finished hypotheses in preallocated tensors.
-    Scores are length-normalised log-probabilities; a sentence leaves the batch once it
-    holds ``beam`` finished hypotheses or nothing is left to extend.
-    """
-    options = search_options(options, overrides)
-    beam, lenpen, lenpen_style, nbest = (options.beam, options.lenpen, options.lenpen_style,
-                                         options.nbest)
-    processors = processors_for(options, fixed_length)
-    device, batch = src.device, src.shape[0]
-    caps_all, capacity, cache = _start(model, src, options, limit, fixed_length, prefix,
-                                       group=beam)  # caps (B,)
-    finished = Finished(batch, beam, capacity, device)
-    active = torch.arange(batch, device=device)  # sentence ids still decoding
-    beam_scores, history, prev = first_beams(batch, beam, capacity, device)
-    step_rows = _beam_rows(caps_all, prefix, beam, options, fixed_length)
-    for step in range(capacity):
-        logprobs = model.decode_step(prev, cache)  # (n*beam, V)
-        step_rows.step = step
-        apply_processors(processors, logprobs, step_rows)
-        top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
+    Each step takes every sentence's best 2k candidates and selects among them as tensor
+    operations over all sentences (``ranmt.inference.selection``). Shrinking: a sentence
+    with ``beam`` finished hypotheses (or nothing left to extend) leaves the batch. Static:
+    it keeps its rows to the end, takes no candidate (so its beam scores are -inf and it
+    stays done without a mask), finished hypotheses are written with scatters into a slot
+    per sentence (candidates that do not finish go to a spare slot ``beam``), the beams are
+    reordered within each sentence, and everything is updated in place with the step on the
+    device (no host read; recordable as a CUDA graph)."""
 
+    def __init__(self, batch: int, capacity: int, device, rows: StepRows, decoder: _Decoder,
+                 options: DecodeConfig, static: bool):
+        beam = options.beam
+        self.beam, self.capacity, self.static, self.decoder = beam, capacity, static, decoder
+        self.lenpen, self.lenpen_style = options.lenpen, options.lenpen_style
+        self.finished = Finished(batch, beam + static, capacity, device)  # static: a spare
+        self.beam_scores, self.history, self.prev = first_beams(batch, beam, capacity, device)
+        self.rows, self.over = rows, False
+        if static:
+            self.step = torch.zeros((), dtype=torch.long, device=device)
+            self.keep = torch.ones(batch, dtype=torch.bool, device=device)  # not done
+            self.first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
+            self.step_penalty = penalties(capacity, self.lenpen, self.lenpen_style, device)
+        else:
+            self.step = 0
+            self.active = torch.arange(batch, device=device)  # sentences still decoding
+        rows.step = self.step
+
+    def advance(self, logprobs: Tensor) -> None:
+        """One step of every sentence from its rows' (processed) log-probs (n*beam, V)."""
+        candidates = best_candidates(logprobs, self.beam_scores, self.beam)  # each (n, 2k)
+        if self.static:
+            self._advance_static(*candidates)
+        else:
+            self._advance_shrinking(*candidates)
+
+    def _advance_static(self, top_scores: Tensor, top_beams: Tensor, top_tokens: Tensor
+                        ) -> None:
+        beam, finished, step = self.beam, self.finished, self.step
+        ends, extends, slots = select_candidates(top_scores, top_tokens, finished.counts, beam)
+        store_finished(finished, ends, slots, top_scores, top_beams, self.history, step,
+                       self.step_penalty.gather(0, step.view(1)), beam)
+        self.keep.copy_(finished.counts.lt(beam) & extends.any(1))
+        picked, next_scores = next_beams(extends, top_scores, beam)  # (B, beam)
+        self.beam_scores.copy_(next_scores)
+        rows = (self.first_row + top_beams.gather(1, picked)).view(-1)  # within sentences
+        self.decoder.reorder(rows)
+        self.history.copy_(self.history.index_select(0, rows))
+        self.prev.copy_(top_tokens.gather(1, picked).view(-1, 1))
+        self.history.scatter_(1, step.expand(self.history.shape[0], 1), self.prev)
+        step.add_(1)
+
+    def _advance_shrinking(self, top_scores: Tensor, top_beams: Tensor, top_tokens: Tensor
+                           ) -> None:
+        beam, finished, step, active = self.beam, self.finished, self.step, self.active
         counts = finished.counts[active]  # (n,) finished hypotheses before this step
         ends, extends, slots = select_candidates(top_scores, top_tokens, counts, beam)
         if bool(ends.any()):
             rows, cols = ends.nonzero(as_tuple=True)
-            penalty = length_penalty(step + 1, lenpen, lenpen_style)
+            penalty = length_penalty(step + 1, self.lenpen, self.lenpen_style)
             finished.add(active[rows], slots[rows, cols], top_scores[rows, cols] / penalty,
-                         history[rows * beam + top_beams[rows, cols], :step])
+                         self.history[rows * beam + top_beams[rows, cols], :step])
             counts = counts + ends.sum(1)
             finished.counts[active] = counts
         keep = (counts < beam) & extends.any(1)
         if not bool(keep.any()):
-            break
+            self.over = True
+            return
         picked, next_scores = next_beams(extends, top_scores, beam)
         kept = keep.nonzero().squeeze(1)
-        picked, beam_scores = picked[kept], next_scores[kept]
+        picked, self.beam_scores = picked[kept], next_scores[kept]
         rows = (kept[:, None] * beam + top_beams[kept].gather(1, picked)).view(-1)
-        model.reorder_cache(cache, rows)
-        step_rows = step_rows.select(rows)  # a row's limit and prefix are its sentence's
-        history = history.index_select(0, rows)
-        history[:, step] = top_tokens[kept].gather(1, picked).view(-1)
-        active = active[kept]
-        prev = history[:, step: step + 1]
-    return finished.nbest(nbest)
+        self.decoder.reorder(rows)
+        self.rows = self.rows.select(rows)  # a row's limit and prefix are its sentence's
+        self.history = self.history.index_select(0, rows)
+        self.history[:, step] = top_tokens[kept].gather(1, picked).view(-1)
+        self.active = active[kept]
+        self.prev = self.history[:, step: step + 1]
+        self.step = self.rows.step = step + 1
 
+    def done(self, index: int, check_every: int) -> bool:
+        if not self.static:
+            return self.over
+        return (index + 1) % check_every == 0 and not bool(self.keep.any())
 
-def _beam_rows(caps: Tensor, prefix: Tensor | None, beam: int, options: DecodeConfig,
-               fixed_length: int | None, sync_free: bool = False) -> StepRows:
-    """The processors' view of ``beam`` rows a sentence: limits (B,) and prefixes (B, P)
-    repeated per row, sentence-major."""
-    return StepRows(0, caps.repeat_interleave(beam),
-                    None if prefix is None else prefix.repeat_interleave(beam, dim=0),
-                    options, fixed_length, sync_free)
-
-
-# ------------------------------------------------------------------------------ sync-free
-
-class _DeviceDecoder:
-    """The decoder side of a sync-free search step: the model's own ``decode_step`` and
-    ``reorder_cache`` (histories move between buffers), or a :class:`StaticDecoder` (fixed
-    addresses, for a recorded step)."""
-
-    def __init__(self, model, cache, rows: int, capacity: int, device, static: bool):
-        self.model, self.cache = model, cache
-        self.static = StaticDecoder(model, cache, rows, capacity, device) if static else None
-
-    def decode(self, prev: Tensor) -> Tensor:
-        if self.static is not None:
-            return self.static.decode(prev)
-        return self.model.decode_step(prev, self.cache)
-
-    def reorder(self, rows: Tensor) -> None:
-        if self.static is not None:
-            self.static.reorder(rows)
-        else:
-            self.model.reorder_cache(self.cache, rows, within_groups=True)
+    def results(self, nbest: int) -> list[list[tuple[list[int], float]]]:
+        return self.finished.nbest(nbest)
 
 
 @torch.inference_mode()
+def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
+               greedy: bool | None = None, static: bool = False, limit: int | None = None,
+               fixed_length: int | None = None, prefix: Tensor | None = None, pick=None,
+               check_every: int = 8, **overrides) -> list[list[tuple[list[int], float]]]:
+    """The search loop: src (B, S) -> per sentence its hypotheses ``(tokens, score)``, best
+    first (greedy: one, with its summed log-probability; beam: the ``nbest`` best, scores
+    length-normalised).
+
+    Each step decodes every row, runs the options' step processors over the log-probs
+    (``ranmt.inference.processors``) and advances the search state: greedy (``greedy``, by
+    default when ``beam == 1``; ``pick`` (log-probs (n, V) -> (scores (n,), tokens (n,)))
+    replaces its arg-max: a sampler) or beam. ``static``: the sync-free form (rows stay in
+    the batch, masks instead of selections, whether all are done read every
+    ``check_every`` steps); with the options' ``cuda_graphs`` its whole step is recorded
+    once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``)."""
+    options = search_options(options, overrides)
+    greedy = options.beam == 1 if greedy is None else greedy
+    graphs = static and options.cuda_graphs
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1 (steps between checks whether every "
+                         f"sentence is done), not {check_every}")
+    if graphs and pick is not None:
+        raise ValueError("sampling is not recorded as a CUDA graph: not with cuda_graphs")
+    group = 1 if greedy else options.beam
+    batch, device = src.shape[0], src.device
+    caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group)
+    decoder = _Decoder(model, cache, batch * group, capacity, device, static, graphs)
+    row_caps, row_prefix = caps, prefix
+    if group > 1:  # a sentence's beam rows share its limit and prefix (sentence-major)
+        row_caps = caps.repeat_interleave(group)
+        row_prefix = None if prefix is None else prefix.repeat_interleave(group, dim=0)
+    rows = StepRows(0, row_caps, row_prefix, options, fixed_length, sync_free=static)
+    state = _GreedyState(batch, capacity, device, rows, decoder, pick, static) if greedy \
+        else _BeamState(batch, capacity, device, rows, decoder, options, static)
+    processors = processors_for(options, fixed_length)
+
+    def one_step() -> None:
+        logprobs = decoder.decode(state.prev)  # (rows, V)
+        apply_processors(processors, logprobs, state.rows)
+        state.advance(logprobs)
+
+    run = RecordedStep(one_step, device, graphs)
+    for index in range(capacity):
+        run()
+        if state.done(index, check_every):
+            break
+    return state.results() if greedy else state.results(options.nbest)
+
+
+def greedy_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
+                  limit: int | None = None, fixed_length: int | None = None,
+                  prefix: Tensor | None = None, pick=None, **overrides
+                  ) -> list[list[tuple[list[int], float]]]:
+    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``: the shrinking
+    form of :func:`run_search` (finished sentences leave the batch: the fastest on a CPU).
+    ``pick`` replaces the arg-max (a sampler, ``ranmt.inference.sampling``); the scores it
+    returns are what the hypothesis' score sums."""
+    return run_search(model, src, options, greedy=True, limit=limit, fixed_length=fixed_length,
+                      prefix=prefix, pick=pick, **overrides)
+
+
+def beam_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
+                limit: int | None = None, fixed_length: int | None = None,
+                prefix: Tensor | None = None, **overrides
+                ) -> list[list[tuple[list[int], float]]]:
+    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens,
+    score)``: the shrinking form of :func:`run_search` (a sentence leaves the batch once it
+    holds ``beam`` finished hypotheses or nothing is left to extend)."""
+    return run_search(model, src, options, greedy=False, limit=limit,
+                      fixed_length=fixed_length, prefix=prefix, **overrides)
+
+
 def greedy_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
                             *, limit: int | None = None, fixed_length: int | None = None,
                             prefix: Tensor | None = None, check_every: int = 8, **overrides
                             ) -> list[list[tuple[list[int], float]]]:
-    """Greedy decoding of src (B, S) -> per sentence ``[(tokens, logprob)]``, the output of
-    :func:`greedy_search` without a host sync inside a step: every sentence stays in the
-    batch (a finished one writes PAD and adds nothing to its score) and whether all have
-    finished is read once every ``check_every`` steps. The state lives in tensors updated
-    in place and the step counter on the device, so that with ``graphs`` the whole step is
-    recorded once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``): the
-    options' ``cuda_graphs``."""
-    options = search_options(options, overrides)
-    graphs, processors = options.cuda_graphs, processors_for(options, fixed_length)
-    _check_every(check_every)
-    batch, device = src.shape[0], src.device
-    caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix)  # (B,)
-    decoder = _DeviceDecoder(model, cache, batch, capacity, device, static=graphs)
-    tokens = torch.full((batch, capacity), PAD_ID, dtype=torch.long, device=device)
-    lengths = torch.full((batch,), capacity, dtype=torch.long, device=device)  # capacity: live
-    scores = torch.zeros(batch, device=device)
-    prev = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
-    step = torch.zeros((), dtype=torch.long, device=device)
-    rows = StepRows(step, caps, prefix, options, fixed_length, sync_free=True)
-
-    def one_step() -> None:
-        logprobs = decoder.decode(prev)  # (B, V)
-        apply_processors(processors, logprobs, rows)
-        best_score, best = logprobs.max(dim=-1)  # (B,)
-        live = lengths.eq(capacity)
-        scores.add_(best_score.masked_fill(~live, 0.0))
-        tokens.scatter_(1, step.expand(batch, 1), best.masked_fill(~live, PAD_ID)[:, None])
-        lengths.copy_(torch.where(live & best.eq(EOS_ID), step, lengths))  # ended at step
-        prev.copy_(best[:, None])
-        step.add_(1)
-
-    run = RecordedStep(one_step, device, graphs)
-    for index in range(capacity):
-        run()
-        if (index + 1) % check_every == 0 and not bool(lengths.eq(capacity).any()):
-            break
-    lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
-    return [[(tokens[row][: lengths[row]], scores[row])] for row in range(batch)]
+    """:func:`greedy_search`'s output without a host sync inside a step: the static form of
+    :func:`run_search` (whether all have finished read once every ``check_every`` steps;
+    with the options' ``cuda_graphs`` the step is replayed as a CUDA graph on CUDA)."""
+    return run_search(model, src, options, greedy=True, static=True, limit=limit,
+                      fixed_length=fixed_length, prefix=prefix, check_every=check_every,
+                      **overrides)
 
 
-def _check_every(check_every: int) -> None:
-    if check_every < 1:
-        raise ValueError(f"check_every must be >= 1 (steps between checks whether every "
-                         f"sentence is done), not {check_every}")
-
-
-@torch.inference_mode()
 def beam_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
                           *, limit: int | None = None, fixed_length: int | None = None,
                           prefix: Tensor | None = None, check_every: int = 8, **overrides
                           ) -> list[list[tuple[list[int], float]]]:
-    """Batched beam search of src (B, S) -> per sentence the ``nbest`` best ``(tokens, score)``:
-    the hypotheses and scores of :func:`beam_search` without a host sync inside a step.
-
-    Every sentence keeps its ``beam`` rows to the end. A sentence that is done (``beam``
-    finished hypotheses, or nothing left to extend) takes no candidate and so gets -inf
-    beam scores: none of its candidates is taken again; its rows go on being computed and
-    are ignored. Finished
-    hypotheses are written with scatters into a slot per sentence (candidates that do not
-    finish go to a spare slot ``beam``), the beams are reordered within each sentence (the
-    memory side of a grouped cache never moves), and whether every sentence is done is read
-    once every ``check_every`` steps (at most ``check_every - 1`` wasted steps).
-
-    The search's state (beam scores, histories, finished hypotheses, the step counter) lives
-    in tensors updated in place, so that with ``graphs`` the whole step (decoder, selection,
-    reorder) is recorded once as a CUDA graph and replayed (on CUDA; the decoder then runs
-    at fixed addresses, ``ranmt.inference.graphs``; the options' ``cuda_graphs``); same
-    hypotheses.
-    """
-    options = search_options(options, overrides)
-    beam, graphs = options.beam, options.cuda_graphs
-    processors = processors_for(options, fixed_length)
-    _check_every(check_every)
-    device, batch = src.device, src.shape[0]
-    caps_all, capacity, cache = _start(model, src, options, limit, fixed_length, prefix,
-                                       group=beam)  # caps (B,)
-    decoder = _DeviceDecoder(model, cache, batch * beam, capacity, device, static=graphs)
-    finished = Finished(batch, beam + 1, capacity, device)  # slot `beam`: the spare
-    first_row = torch.arange(batch, device=device)[:, None] * beam  # (B, 1)
-    beam_scores, history, prev = first_beams(batch, beam, capacity, device)
-    step_penalty = penalties(capacity, options.lenpen, options.lenpen_style, device)
-    step = torch.zeros((), dtype=torch.long, device=device)
-    keep = torch.ones(batch, dtype=torch.bool, device=device)  # sentences not done
-    # rows reorder within their sentence: each keeps its sentence's limit and prefix
-    step_rows = _beam_rows(caps_all, prefix, beam, options, fixed_length, sync_free=True)
-    step_rows.step = step
-
-    def one_step() -> None:
-        logprobs = decoder.decode(prev)  # (B*beam, V)
-        apply_processors(processors, logprobs, step_rows)
-        top_scores, top_beams, top_tokens = best_candidates(logprobs, beam_scores, beam)
-        ends, extends, slots = select_candidates(top_scores, top_tokens, finished.counts,
-                                                  beam)
-        store_finished(finished, ends, slots, top_scores, top_beams, history, step,
-                        step_penalty.gather(0, step.view(1)), beam)
-        keep.copy_(finished.counts.lt(beam) & extends.any(1))
-        # A done sentence takes no candidate (its slots are full, or none was finite), so
-        # next_beams gives it -inf beam scores: it stays done without a mask.
-        picked, next_scores = next_beams(extends, top_scores, beam)  # (B, beam)
-        beam_scores.copy_(next_scores)
-        rows = (first_row + top_beams.gather(1, picked)).view(-1)  # within each sentence
-        decoder.reorder(rows)
-        history.copy_(history.index_select(0, rows))
-        prev.copy_(top_tokens.gather(1, picked).view(-1, 1))
-        history.scatter_(1, step.expand(batch * beam, 1), prev)
-        step.add_(1)
-
-    run = RecordedStep(one_step, device, graphs)
-    for index in range(capacity):
-        run()
-        if (index + 1) % check_every == 0 and not bool(keep.any()):
-            break
-    return finished.nbest(options.nbest)
+    """:func:`beam_search`'s hypotheses and scores without a host sync inside a step: the
+    static form of :func:`run_search` (at most ``check_every - 1`` wasted steps at the end;
+    with the options' ``cuda_graphs`` the whole step (decoder at fixed addresses, selection,
+    reorder) is recorded once as a CUDA graph and replayed on CUDA)."""
+    return run_search(model, src, options, greedy=False, static=True, limit=limit,
+                      fixed_length=fixed_length, prefix=prefix, check_every=check_every,
+                      **overrides)
 
 
 def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
@@ -365,11 +391,7 @@ def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
     if sync_free is None:
         sync_free = graphs or src.device.type != "cpu"
     if reference:
-        greedy, beam_fn, extra = greedy_search_reference, beam_search_reference, {}
-    elif sync_free:
-        greedy, beam_fn = greedy_search_sync_free, beam_search_sync_free
-        extra = {"check_every": check_every}
-    else:
-        greedy, beam_fn, extra = greedy_search, beam_search, {}
-    fn = greedy if options.beam == 1 else beam_fn
-    return fn(model, src, options, fixed_length=fixed_length, prefix=prefix, **extra)
+        oracle = greedy_search_reference if options.beam == 1 else beam_search_reference
+        return oracle(model, src, options, fixed_length=fixed_length, prefix=prefix)
+    return run_search(model, src, options, static=sync_free, fixed_length=fixed_length,
+                      prefix=prefix, check_every=check_every)

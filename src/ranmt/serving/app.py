@@ -89,16 +89,18 @@ def check_body_size(size: int, limits: ServeLimits) -> None:
 def translate_model(limits: ServeLimits):
     """The pydantic model of a ``/translate`` body under ``limits`` (built once per limits
     and declaration of the decoding options)."""
-    from ranmt import config
+    from ranmt.config import decode_fields
 
+    declared = tuple((spec.name, id(spec)) for spec in decode_fields())
     return _translate_model(limits.max_lines, limits.max_chars, limits.max_beam,
-                            limits.request_timeout_s, config.DecodeConfig)
+                            limits.request_timeout_s, declared)
 
 
 @functools.lru_cache(maxsize=8)
 def _translate_model(max_lines: int, max_chars: int, max_beam: int, timeout_s: float,
-                     declared: type):
-    """``declared``: the DecodeConfig class whose served fields the model holds (a key)."""
+                     declared: tuple):
+    """``declared``: DecodeConfig's fields (name, declaration's id) now, a key only: a
+    processor that declares an option (``ranmt.inference.processors``) changes it."""
     return request_model(max_lines, max_chars, max_beam, timeout_s)
 
 

@@ -269,3 +269,16 @@ def translators(runs):
     from ranmt.inference.translator import Translator
 
     return {name: Translator.load(path, device="cpu") for name, path in runs.items()}
+
+
+def patch_tables(monkeypatch, name: str, value) -> None:
+    """Replace ``name`` in every module of the result tables that holds it (the tables, their
+    shared parts, the comparison tables), as they look it up."""
+    import ranmt.experiment.comparison_tables as comparisons
+    import ranmt.experiment.table_parts as parts
+    import ranmt.experiment.tables as tables
+
+    found = [module for module in (tables, parts, comparisons) if hasattr(module, name)]
+    assert found, name
+    for module in found:
+        monkeypatch.setattr(module, name, value)

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-import ranmt.experiment.tables as tables_module
+from conftest import patch_tables
 from ranmt.evaluate import paired_bootstrap
 from ranmt.experiment import Dataset, Experiment, build_tables
 from ranmt.experiment.bootstrap_cache import CACHE_NAME, cache_path, cached_bootstraps
@@ -68,9 +68,9 @@ def grid(tmp_path, monkeypatch):
         calls.append([name for name, _ in systems])
         return paired_bootstrap(systems, refs, metrics, samples)
 
-    monkeypatch.setattr(tables_module, "raw_text", lambda *a: references)
-    monkeypatch.setattr(tables_module, "_read_hyps", hyps)
-    monkeypatch.setattr(tables_module, "paired_bootstrap", counted_bootstrap)
+    patch_tables(monkeypatch, "raw_text", lambda *a: references)
+    patch_tables(monkeypatch, "read_hyps", hyps)
+    patch_tables(monkeypatch, "paired_bootstrap", counted_bootstrap)
     cells = [_cell(d, v, s) for d in ("orig", "dist") for v in ("B", "V1", "V2")
              for s in (1, 2)]
     return experiment, cells, versions, calls

@@ -61,7 +61,7 @@ def _dataset_key(dataset) -> str:
 
 def _prepare(dataset, root: Path) -> Path:
     """Prepare ``dataset`` under ``root`` (in a worker process)."""
-    from ranmt.experiment.cells import prepare_dataset
+    from ranmt.experiment.preparation import prepare_dataset
 
     os.environ.pop("RANMT_WORK_DIR", None)
     return prepare_dataset(dataset, root, log=lambda _msg: None)
@@ -82,7 +82,7 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> 
     (copy / "data").mkdir(exist_ok=True)
     for name, folder in prepared.items():
         (copy / "data" / name).symlink_to(folder, target_is_directory=True)
-    import ranmt.experiment.tables as tables
+    import ranmt.experiment.table_parts as tables
 
     computed = tables.paired_bootstrap  # the pool's processes take grids of either kind
     if replay:
@@ -153,7 +153,7 @@ def _rebuild_grids(root: Path, grids: list[str], replay: set[str]) -> dict:
     """``grids`` rebuilt under ``root``, two at a time in worker processes (the grids are
     independent), the recomputed ones first, then the largest. Each distinct dataset is
     prepared once and shared by the grids that use it. Returns grid -> the error or None."""
-    from ranmt.experiment.spec import load_placed
+    from ranmt.experiment.loading import load_placed
 
     # The datasets the tables read references from (a distilled dataset's are its teacher
     # dataset's: it is prepared by its grid, from the teacher's checkpoint, which a clone lacks)

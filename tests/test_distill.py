@@ -167,8 +167,8 @@ def _rebuilt_from_kept_translations(path: Path, exp: Path, distilled: Path) -> N
     git): a checkout without the teacher's run folder (a new machine) rebuilds the same
     distilled dataset from them; with neither, the error says what to do."""
     from ranmt.config import ConfigError
-    from ranmt.experiment.cells import prepare_once
-    from ranmt.experiment.spec import load_placed
+    from ranmt.experiment.loading import load_placed
+    from ranmt.experiment.preparation import prepare_once
 
     kept = exp / "distilled" / "reverse-distilled"
     assert sorted(p.name for p in kept.iterdir()) == ["settings.json", "translations.gz"]

@@ -19,7 +19,7 @@ import pytest
 
 from ranmt.cli import build_parser
 from ranmt.config import load_config
-from ranmt.experiment.spec import load_experiment
+from ranmt.experiment.loading import load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)?\n(.*?)```", re.S)

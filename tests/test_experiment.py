@@ -19,7 +19,7 @@ import yaml
 import ranmt.experiment as experiment_module
 import ranmt.experiment.cells as cells_module
 import ranmt.experiment.tables as tables_module
-from conftest import reverse_task, write_parallel
+from conftest import patch_tables, reverse_task, write_parallel
 from ranmt.cli import main
 from ranmt.config import ConfigError
 from ranmt.experiment import run_experiment
@@ -348,14 +348,14 @@ def test_tables_aggregate_seeds_exactly(tmp_path, monkeypatch):
         {"name": "RAN"}], seeds=[1, 2, 3], baseline="TransF", base_config=None, overrides={},
         decode={}, alpha=0.05)
     p_by_seed = {1: 0.01, 2: 0.02, 3: 0.04}
-    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(tables_module, "_read_hyps", lambda e, c, t: [str(c["seed"])])
+    patch_tables(monkeypatch, "raw_text", lambda *a: ["ref"])
+    patch_tables(monkeypatch, "read_hyps", lambda e, c, t: [str(c["seed"])])
 
     def fake_bootstrap(systems, refs, metrics, samples):
         p = p_by_seed[int(systems[1][1][0])]
         return {"systems": [{}, {f"{m}_p": (p if m == "bleu" else 0.5) for m in metrics}]}
 
-    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    patch_tables(monkeypatch, "paired_bootstrap", fake_bootstrap)
     markdown, results = build_tables(experiment, cells)
     assert "| SacreBLEU | 31.00 ± 1.00 | 33.17 ± 1.04 (+2.17) † |" in markdown  # Welch p 0.06
     assert "| chrF | 52.00 ± 1.00 | 52.00 ± 1.00 (+0.00) |" in markdown
@@ -387,10 +387,10 @@ def test_per_seed_table_lists_every_cell_and_marks_the_missing_ones(tmp_path, mo
                                                       tests={"a": "a", "b": "b"})],
         variants=[{"name": "TransF"}, {"name": "RAN"}, {"name": "HC-SA"}], seeds=[1, 2, 3],
         baseline="TransF", base_config=None, overrides={}, decode={}, alpha=0.05)
-    monkeypatch.setattr(tables_module, "TASK_METRICS", {"translation": ["bleu"]})
-    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(tables_module, "_read_hyps", lambda e, c, t: ["hyp"])
-    monkeypatch.setattr(tables_module, "paired_bootstrap", lambda *a: {
+    patch_tables(monkeypatch, "TASK_METRICS", {"translation": ["bleu"]})
+    patch_tables(monkeypatch, "raw_text", lambda *a: ["ref"])
+    patch_tables(monkeypatch, "read_hyps", lambda e, c, t: ["hyp"])
+    patch_tables(monkeypatch, "paired_bootstrap", lambda *a: {
         "systems": [{}, {"bleu_p": 0.5}]})
     markdown, _ = build_tables(experiment, cells)
     table = markdown.split("## d — SacreBLEU per seed (a / b)\n\n")[1].split("\n\n")[0]
@@ -477,8 +477,8 @@ def test_a_variant_runs_only_with_its_own_seeds(tmp_path):
     """A variant's ``seeds`` (a teacher trained once) restricts its cells, in the grid, the
     selection and the dry-run plan; seeds outside the grid's, or a distilled dataset whose
     teacher seed its variant never runs, are errors."""
+    from ranmt.experiment.loading import load_experiment
     from ranmt.experiment.plan import plan_experiment
-    from ranmt.experiment.spec import load_experiment
 
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
@@ -750,9 +750,9 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
                                                      tests={"t": "t"}, task="translation")],
         variants=[{"name": v} for v in means], seeds=[1, 2, 3], baseline="TransF",
         base_config=None, overrides={}, decode={}, alpha=0.05)
-    monkeypatch.setattr(tables_module, "TASK_METRICS", {"translation": ["bleu"]})
-    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(tables_module, "_read_hyps",
+    patch_tables(monkeypatch, "TASK_METRICS", {"translation": ["bleu"]})
+    patch_tables(monkeypatch, "raw_text", lambda *a: ["ref"])
+    patch_tables(monkeypatch, "read_hyps",
                         lambda e, c, t: [f"{c['variant']}|{c['seed']}"])
 
     def fake_bootstrap(systems, refs, metrics, samples):
@@ -765,7 +765,7 @@ def test_seed_rule_marks_a_five_variant_three_seed_table_against_two_baselines(t
             rows.append({"bleu_p": 0.2 if (variant, base, int(seed)) in weak else 0.01})
         return {"systems": rows}
 
-    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    patch_tables(monkeypatch, "paired_bootstrap", fake_bootstrap)
     against_transf, _ = build_tables(experiment, cells)
     against_ad, results = build_tables(replace(experiment, baseline="TransF+AD"), cells)
     assert ("| SacreBLEU | 31.00 ± 1.00 | 32.00 ± 1.00 (+1.00) † | 35.00 ± 1.00 (+4.00) †‡ | "
@@ -938,8 +938,8 @@ def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkey
         name="d", src="s", tgt="t", tests={"t": "t"})], variants=[{"name": "S"}],
         seeds=[1, 2, 3], baseline="S", base_config=None, overrides={}, decode={"beam": 4},
         also_decode={"sl": {"shortlist": True}})
-    monkeypatch.setattr(tables_module, "raw_text", lambda *a: ["ref"])
-    monkeypatch.setattr(tables_module, "_read_hyps",
+    patch_tables(monkeypatch, "raw_text", lambda *a: ["ref"])
+    patch_tables(monkeypatch, "read_hyps",
                         lambda e, c, t, recorded=None, setting=None: [str(c["seed"])])
     p_values = {"bleu": {1: 0.01, 2: 0.01, 3: 0.01}}
 
@@ -948,7 +948,7 @@ def test_also_decode_table_gives_per_seed_differences_and_marks(tmp_path, monkey
         return {"systems": [{}, {f"{m}_p": p_values.get(m, {}).get(seed, 0.9)
                                  for m in metrics}]}
 
-    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    patch_tables(monkeypatch, "paired_bootstrap", fake_bootstrap)
     cells = [cell(1, 30.0, 29.5), cell(2, 31.0, 30.7), cell(3, 32.0, 31.6)]
     markdown, results = build_tables(experiment, cells)
     # deltas -0.5, -0.3, -0.4: mean -0.40, sample std 0.10; BLEU (tokenized) unchanged
@@ -992,10 +992,10 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
         comparisons=[Comparison("distillation", (("dataset", "orig"),), ("dist", "fr")),
                      Comparison("teacher", (("dataset", "orig"), ("seed", 1),
                                             ("variant", "T")))])
-    monkeypatch.setattr(tables_module, "raw_text",
+    patch_tables(monkeypatch, "raw_text",
                         lambda folder, *a: ["other ref" if Path(folder).name == "fr"
                                             else "ref"])
-    monkeypatch.setattr(tables_module, "_read_hyps",
+    patch_tables(monkeypatch, "read_hyps",
                         lambda e, c, t, recorded=None, setting=None:
                         [f"{c['dataset']} {c['variant']} {c['seed']}"])
     first_systems = set()
@@ -1004,7 +1004,7 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
         first_systems.add(systems[0][0])
         return {"systems": [{}, {f"{m}_p": 0.01 if m == "bleu" else 0.9 for m in metrics}]}
 
-    monkeypatch.setattr(tables_module, "paired_bootstrap", fake_bootstrap)
+    patch_tables(monkeypatch, "paired_bootstrap", fake_bootstrap)
     cells = [_hand_cell("orig", "T", 1, 35.0)]
     for seed, original, distilled in ((1, 30.0, 31.5), (2, 31.0, 32.2), (3, 32.0, 33.3)):
         cells += [_hand_cell("orig", "S", seed, original),
@@ -1060,7 +1060,7 @@ def test_comparisons_across_datasets_give_per_seed_differences_and_marks(tmp_pat
 ])
 def test_also_decode_and_comparisons_are_checked_when_the_grid_loads(tmp_path, key, value,
                                                                      message):
-    from ranmt.experiment.spec import load_experiment
+    from ranmt.experiment.loading import load_experiment
 
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
@@ -1140,7 +1140,7 @@ def test_status_reads_every_cells_state_from_disk(tmp_path, capsys):
     since, against the patience, parsed from train.log."""
     import socket
 
-    from ranmt.experiment.spec import load_experiment
+    from ranmt.experiment.loading import load_experiment
     from ranmt.experiment.status import grid_status
 
     path = _grid(tmp_path)
@@ -1191,7 +1191,7 @@ def test_a_worker_resumes_stopped_cells_before_starting_new_ones(tmp_path):
     """``stopped_first``: unfinished cells with a step checkpoint come first, then the rest,
     each in grid order (finished cells, skipped anyway, stay behind)."""
     from ranmt.experiment import stopped_first
-    from ranmt.experiment.spec import load_experiment
+    from ranmt.experiment.loading import load_experiment
 
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())

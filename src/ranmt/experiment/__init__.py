@@ -18,17 +18,16 @@ from ranmt.checkpoint import CheckpointError, resolve_checkpoint, step_checkpoin
 from ranmt.config import ConfigError
 from ranmt.experiment.cells import (
     CellInterrupted,
-    claim,
     decode_also,
     decode_missing_tests,
     missing_also_decode,
     missing_tests,
-    prepare_dataset,
-    prepare_once,
-    release,
     run_cell,
 )
+from ranmt.experiment.loading import load_experiment, load_placed
+from ranmt.experiment.locks import claim, release
 from ranmt.experiment.plan import plan_experiment
+from ranmt.experiment.preparation import prepare_dataset, prepare_once
 from ranmt.experiment.results import precision_groups, write_comparison, write_results
 from ranmt.experiment.reuse import (
     adopt_cell,
@@ -40,15 +39,7 @@ from ranmt.experiment.reuse import (
     warm_start_if_possible,
     warm_start_state,
 )
-from ranmt.experiment.spec import (
-    WORK_ENV,
-    Cell,
-    Dataset,
-    Experiment,
-    Variant,
-    load_experiment,
-    load_placed,
-)
+from ranmt.experiment.spec import WORK_ENV, Cell, Dataset, Experiment, Variant
 from ranmt.experiment.tables import build_tables, compare_over_seeds, significance_marks
 
 __all__ = ["Cell", "CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV",

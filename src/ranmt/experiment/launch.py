@@ -58,7 +58,7 @@ class CellJob:
     def __call__(self) -> bool:
         """Train (or resume) the cell, decode and score it; True when it is finished."""
         from ranmt.experiment import run_experiment
-        from ranmt.experiment.spec import load_placed
+        from ranmt.experiment.loading import load_placed
         from ranmt.runtime.signals import honour_stop_signals
 
         honour_stop_signals()  # a cancel (SIGINT) stops the cell even under a nohup'd parent
@@ -105,7 +105,7 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
                 out: str | Path | None = None, work: str | Path | None = None,
                 log=print) -> list:
     """Submit one job per unfinished cell of the grid; return the submitit jobs."""
-    from ranmt.experiment.spec import load_placed
+    from ranmt.experiment.loading import load_placed
     from ranmt.runtime.signals import children_honour_stop_signals
 
     experiment = load_placed(experiment_file, out, work)

@@ -22,7 +22,8 @@ from ranmt.data.corpus import fill_config_from_data
 from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
 from ranmt.data.wmt import available, find_task
-from ranmt.experiment.spec import SWEEP_KEY, Cell, flow, load_experiment
+from ranmt.experiment.loading import load_experiment
+from ranmt.experiment.spec import SWEEP_KEY, Cell, flow
 from ranmt.model import build_model, count_parameters
 
 

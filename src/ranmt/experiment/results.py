@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from ranmt.experiment.bootstrap_cache import cache_path, cached_bootstraps
-from ranmt.experiment.cells import prepare_once
+from ranmt.experiment.preparation import prepare_once
 from ranmt.experiment.spec import Cell, Experiment, git_commit
 from ranmt.experiment.tables import build_tables
 

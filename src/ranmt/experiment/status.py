@@ -18,8 +18,9 @@ import socket
 
 from ranmt.checkpoint import step_checkpoints
 from ranmt.config import ConfigError
-from ranmt.experiment.cells import pid_alive
-from ranmt.experiment.spec import Cell, load_placed
+from ranmt.experiment.loading import load_placed
+from ranmt.experiment.locks import pid_alive
+from ranmt.experiment.spec import Cell
 
 _STEP = re.compile(r"^step (\d+) .*?\| ([\d,.]+) tgt tok/s", re.MULTILINE)
 _VALIDATE = re.compile(r"^validate step (\d+):.*\| best (-?[\d.]+) at step (\d+)$",

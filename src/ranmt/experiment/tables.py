@@ -11,70 +11,19 @@ import statistics
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.evaluate import (
-    BOOTSTRAP_SEED,
-    TASK_METRICS,
-    compare_over_seeds,
-    paired_bootstrap,
-    significance_marks,
+from ranmt.evaluate import compare_over_seeds, significance_marks
+from ranmt.experiment.comparison_tables import comparison_tables
+from ranmt.experiment.spec import Dataset, Experiment, flow
+from ranmt.experiment.table_parts import (
+    ROW_NAMES,
+    format_score,
+    mean_std,
+    metrics_in_order,
+    paired_p_values,
+    read_hyps,
+    scored_on,
+    with_difference,
 )
-from ranmt.experiment import bootstrap_cache
-from ranmt.experiment.spec import Comparison, Dataset, Experiment, flow
-
-ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TER",
-             "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
-
-
-LOWER_IS_BETTER = {"ter"}
-
-
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (n - 1) over seeds; std None for one seed."""
-    if len(values) == 1:
-        return values[0], None
-    return statistics.mean(values), statistics.stdev(values)
-
-
-def _format(mean: float, std: float | None) -> str:
-    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
-
-
-def _read_hyps(experiment: Experiment, cell: dict, test: str, recorded: str | None = None,
-               setting: str | None = None) -> list[str]:
-    """A cell's hypotheses for ``test`` (``setting``: of that ``also_decode`` setting), from
-    its cell directory (so that a results folder that was moved or checked out elsewhere
-    still works), else the ``recorded`` path (default: the grid decode's)."""
-    name = f"{test}.hyp" if setting is None else f"{test}.{setting}.hyp"
-    path = experiment.cell_dir(cell["dataset"], cell["variant"], cell["seed"]) / name
-    if not path.is_file():
-        path = Path(recorded or cell["tests"][test]["hyp_file"])
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
-
-
-def _scored_on(by_variant: dict[str, list[dict]], test: str) -> dict[str, list[dict]]:
-    """The cells that have scored ``test``, per variant (a test set added to the grid after
-    a cell finished is scored once its checkpoint is decoded: ``cells.missing_tests``)."""
-    return {name: [c for c in cells if test in c["tests"]] for name, cells in by_variant.items()}
-
-
-def _metrics_in_order(task: str) -> list[str]:
-    """The metrics in the RAN paper's row order (BLEU, SacreBLEU, chrF, TER), then the rest."""
-    return sorted(TASK_METRICS[task],
-                  key=lambda m: list(ROW_NAMES).index(m) if m in ROW_NAMES else 99)
-
-
-def _paired_p_values(systems: list[tuple[str, list[str]]], refs: list[str],
-                     metrics: list[str], samples: int) -> list[dict[str, float]]:
-    """metric -> paired-bootstrap p of each of ``systems[1:]`` against ``systems[0]``:
-    through the active :mod:`.bootstrap_cache` (:func:`~.bootstrap_cache.cached_bootstraps`,
-    which :func:`~ranmt.experiment.results.write_results` opens), else computed."""
-    cache = bootstrap_cache.active()
-    if cache is not None:
-        return cache.p_values(systems, refs, metrics, samples, BOOTSTRAP_SEED,
-                              paired_bootstrap)
-    result = paired_bootstrap(systems, refs, metrics, samples)
-    return [{metric: row[f"{metric}_p"] for metric in metrics}
-            for row in result["systems"][1:]]
 
 
 def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
@@ -95,9 +44,9 @@ def _bootstrap_p_values(experiment: Experiment, test: str, refs: list[str],
                    if cell["seed"] == seed]
         if not entries:
             continue
-        rows = _paired_p_values(
-            [(experiment.baseline, _read_hyps(experiment, base, test))]
-            + [(name, _read_hyps(experiment, cell, test)) for name, cell in entries],
+        rows = paired_p_values(
+            [(experiment.baseline, read_hyps(experiment, base, test))]
+            + [(name, read_hyps(experiment, cell, test)) for name, cell in entries],
             refs, sig_metrics, experiment.bootstrap_samples)
         for (name, _), row in zip(entries, rows):
             for metric in sig_metrics:
@@ -109,7 +58,7 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
                 by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
     """One test set's table (metric rows, variant columns) and its numbers; no table where
     no cell has scored the test set yet."""
-    metrics = _metrics_in_order(dataset.task)
+    metrics = metrics_in_order(dataset.task)
     present = [n for n, cells in by_variant.items() if cells]
     if not present:
         return [], {"scores": {}, "significance": {}}
@@ -131,7 +80,7 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
     for metric in metrics:
         row = []
         for name in present:
-            text = _format(*_mean_std(list(scores[name][metric].values())))
+            text = format_score(*mean_std(list(scores[name][metric].values())))
             comparison = comparisons.get(name, {}).get(metric)
             if name != experiment.baseline and experiment.baseline in scores:
                 base_mean = statistics.mean(scores[experiment.baseline][metric].values())
@@ -142,23 +91,12 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
             row.append(text)
         lines.append(f"| {ROW_NAMES.get(metric, metric)} | " + " | ".join(row) + " |")
     lines.append("")
-    numbers = {"scores": {n: {m: {"mean": _mean_std(list(v.values()))[0],
-                                  "std": _mean_std(list(v.values()))[1],
+    numbers = {"scores": {n: {m: {"mean": mean_std(list(v.values()))[0],
+                                  "std": mean_std(list(v.values()))[1],
                                   "per_seed": {str(k): x for k, x in v.items()}}
                               for m, v in t.items()} for n, t in scores.items()},
                "significance": comparisons}
     return lines, numbers
-
-
-def _with_difference(scores: dict[int, float], reference: dict[int, float]
-                     ) -> tuple[str, list[float]]:
-    """"mean (±d ± std)": the mean ± std of ``scores`` (seed -> score) and of their per-seed
-    differences to ``reference`` (seed -> score, every seed of ``scores``); and those
-    differences, in ``scores``' seed order."""
-    deltas = [scores[seed] - reference[seed] for seed in scores]
-    delta_mean, delta_std = _mean_std(deltas)
-    return (f"{_format(*_mean_std(list(scores.values())))} ({delta_mean:+.2f}"
-            + ("" if delta_std is None else f" ± {delta_std:.2f}") + ")"), deltas
 
 
 def _also_decode_p_values(experiment: Experiment, test: str, refs: list[str], runs: list[dict],
@@ -168,9 +106,9 @@ def _also_decode_p_values(experiment: Experiment, test: str, refs: list[str], ru
     pvalues: dict[str, dict[int, float]] = {m: {} for m in metrics}
     for cell in runs if metrics else []:
         recorded = cell["also_decode"][setting]["tests"][test]["hyp_file"]
-        [row] = _paired_p_values(
-            [("decode", _read_hyps(experiment, cell, test)),
-             (setting, _read_hyps(experiment, cell, test, recorded, setting))],
+        [row] = paired_p_values(
+            [("decode", read_hyps(experiment, cell, test)),
+             (setting, read_hyps(experiment, cell, test, recorded, setting))],
             refs, metrics, experiment.bootstrap_samples)
         for metric in metrics:
             pvalues[metric][cell["seed"]] = row[metric]
@@ -183,7 +121,7 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
     metrics' means and the difference to the grid's decode of the same checkpoints (mean ±
     std of the per-seed differences), † where every seed's paired bootstrap against that
     decode has p < alpha in the same direction. Empty where no cell has such a setting."""
-    metrics = _metrics_in_order(dataset.task)
+    metrics = metrics_in_order(dataset.task)
     sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
     refs = None
     lines: list[str] = []
@@ -203,7 +141,7 @@ def _also_decode_table(experiment: Experiment, dataset: Dataset, test: str,
             for metric in metrics:
                 main = {c["seed"]: c["tests"][test][metric] for c in runs}
                 alt = {c["seed"]: c["also_decode"][setting]["tests"][test][metric] for c in runs}
-                text, deltas = _with_difference(alt, main)
+                text, deltas = with_difference(alt, main)
                 comparison = None
                 if metric in pvalues:
                     comparison = compare_over_seeds(main, alt, pvalues[metric], experiment.alpha)
@@ -296,20 +234,20 @@ def _training_table(experiment: Experiment, dataset: Dataset,
     for name, runs in by_variant.items():
         if not runs:
             continue
-        timed = _scored_on({name: runs}, first_test)[name] if first_test else []
+        timed = scored_on({name: runs}, first_test)[name] if first_test else []
         steps_text, best_text = _steps_text(runs)
         best_bleu = [c["train"]["best_valid_bleu"] for c in runs
                      if c["train"].get("best_valid_bleu") is not None]
-        train_min = _mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
-        train_tok = _mean_std([c["train"]["train_tokens_per_s"] for c in runs])
-        sent = _mean_std([c["tests"][first_test]["sentences_per_s"] for c in timed]) \
+        train_min = mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
+        train_tok = mean_std([c["train"]["train_tokens_per_s"] for c in runs])
+        sent = mean_std([c["tests"][first_test]["sentences_per_s"] for c in timed]) \
             if timed else (0.0, None)
-        tok = _mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in timed]) \
+        tok = mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in timed]) \
             if timed else (0.0, None)
-        bleu_text = _format(*_mean_std(best_bleu)) if best_bleu else "-"
+        bleu_text = format_score(*mean_std(best_bleu)) if best_bleu else "-"
         lines.append(f"| {name} | {len(runs)} | {steps_text} | {best_text} | {bleu_text} | "
-                     f"{runs[0]['parameters']:,} | {_format(*train_min)} | "
-                     f"{_format(*train_tok)} | {_format(*sent)} | {_format(*tok)} |")
+                     f"{runs[0]['parameters']:,} | {format_score(*train_min)} | "
+                     f"{format_score(*train_tok)} | {format_score(*sent)} | {format_score(*tok)} |")
         numbers[name] = {
             "parameters": runs[0]["parameters"], "seeds": [c["seed"] for c in runs],
             "steps": [c["train"]["steps"] for c in runs],
@@ -319,141 +257,6 @@ def _training_table(experiment: Experiment, dataset: Dataset,
             "stop_reason": [c["train"].get("stop_reason") for c in runs],
             "training_minutes": train_min, "train_tokens_per_s": train_tok,
             "decode_sentences_per_s": sent, "decode_tokens_per_s": tok}
-    return lines, numbers
-
-
-def _comparison_pairs(experiment: Experiment, comparison: Comparison, cells: list[dict]
-                      ) -> dict[tuple[str, str], list[tuple[dict, dict]]]:
-    """(dataset, variant) -> [(cell, the cell it is compared with)], seed by seed, for the
-    finished cells the comparison covers whose counterpart has finished too (a cell is
-    never compared with itself)."""
-    finished = {(c["dataset"], c["variant"], c["seed"]): c for c in cells}
-    pairs: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
-    for dataset in experiment.datasets:
-        for variant in experiment.variants:
-            if not comparison.covers(dataset.name, variant.name):
-                continue
-            for seed in experiment.seeds:
-                own = finished.get((dataset.name, variant.name, seed))
-                other = finished.get(comparison.against_cell(dataset.name, variant.name, seed))
-                if own is not None and other is not None and other is not own:
-                    pairs.setdefault((dataset.name, variant.name), []).append((own, other))
-    return pairs
-
-
-def _shared_references(experiment: Experiment, own: str, other: str, test: str
-                       ) -> list[str] | None:
-    """The references of ``test`` when both datasets have it with the same references
-    (a distilled dataset and its teacher's), else None."""
-    by_name = {d.name: d for d in experiment.datasets}
-    if test not in by_name[own].tests or test not in by_name[other].tests:
-        return None
-    root = Path(experiment.out) / "data"
-    refs = raw_text(root / by_name[own].references_from, test, "tgt")
-    if by_name[other].references_from != by_name[own].references_from and \
-            raw_text(root / by_name[other].references_from, test, "tgt") != refs:
-        return None
-    return refs
-
-
-def _comparison_p_values(experiment: Experiment, comparison: Comparison, test: str,
-                         refs: list[str], variant: str, pairs: list[tuple[dict, dict]],
-                         metrics: list[str]) -> dict[str, dict[int, float]]:
-    """metric -> seed -> paired-bootstrap p of a row's cells against their counterparts
-    (the first system, named "comparison NAME")."""
-    pvalues: dict[str, dict[int, float]] = {m: {} for m in metrics}
-    for own, other in pairs if metrics else []:
-        [row] = _paired_p_values(
-            [(f"comparison {comparison.name}", _read_hyps(experiment, other, test)),
-             (variant, _read_hyps(experiment, own, test))],
-            refs, metrics, experiment.bootstrap_samples)
-        for metric in metrics:
-            pvalues[metric][own["seed"]] = row[metric]
-    return pvalues
-
-
-def _comparison_row(experiment: Experiment, comparison: Comparison, test: str,
-                    refs: list[str], variant: str, pairs: list[tuple[dict, dict]],
-                    metrics: list[str]) -> tuple[list[str], dict]:
-    """One row's cells (per metric: the row's mean, the mean ± std of the per-seed
-    differences to the counterparts, † by the seed rule; ‡ only where both sides have
-    their own seeds) and its numbers."""
-    sig_metrics = [m for m in metrics if m in ("bleu", "chrf", "ter")]
-    pvalues = _comparison_p_values(experiment, comparison, test, refs, variant, pairs,
-                                   sig_metrics)
-    texts, entry = [], {}
-    for metric in metrics:
-        own = {a["seed"]: a["tests"][test][metric] for a, _ in pairs}
-        other = {a["seed"]: b["tests"][test][metric] for a, b in pairs}
-        text, deltas = _with_difference(own, other)
-        significance = None
-        if metric in pvalues:
-            # one counterpart run (fixed_seed): its seed spread is unknown, no Welch's test
-            significance = compare_over_seeds(other, own, pvalues[metric], experiment.alpha,
-                                              seed_spread=not comparison.fixed_seed)
-            marks = significance_marks(significance)
-            text += f" {marks}" if marks else ""
-        texts.append(text)
-        entry[metric] = {"per_seed": {str(k): v for k, v in own.items()},
-                         "against_per_seed": {str(k): v for k, v in other.items()},
-                         "per_seed_delta": dict(zip(map(str, own), deltas)),
-                         "significance": significance}
-    return texts, entry
-
-
-def _comparison_table(experiment: Experiment, comparison: Comparison, test: str,
-                      pairs: dict[tuple[str, str], list[tuple[dict, dict]]]
-                      ) -> tuple[list[str], dict]:
-    """One comparison's table on one test set: a row per (dataset, variant)."""
-    tasks = {d.task for d in experiment.datasets}
-    metrics = _metrics_in_order(next(iter(tasks)) if len(tasks) == 1 else "translation")
-    lines, numbers = [], {}
-    for (dataset, variant), row_pairs in pairs.items():
-        row_pairs = [(a, b) for a, b in row_pairs if test in a["tests"] and test in b["tests"]]
-        if not row_pairs:
-            continue
-        other_dataset, other_variant, other_seed = comparison.against_cell(
-            dataset, variant, row_pairs[0][0]["seed"])
-        refs = _shared_references(experiment, dataset, other_dataset, test)
-        if refs is None:
-            continue
-        against = f"{other_dataset} / {other_variant}" + (
-            f" / seed {other_seed}" if comparison.fixed_seed else "")
-        texts, entry = _comparison_row(experiment, comparison, test, refs, variant,
-                                       row_pairs, metrics)
-        lines.append(f"| {dataset} | {variant} | {against} | {len(row_pairs)} | "
-                     + " | ".join(texts) + " |")
-        numbers.setdefault(dataset, {})[variant] = {"against": against, **entry}
-    if not lines:
-        return [], {}
-    header = [f"## {comparison.name} — {test}", "",
-              "| dataset | variant | against | seeds | "
-              + " | ".join(ROW_NAMES.get(m, m) for m in metrics) + " |",
-              "|---|---|---|---|" + "---|" * len(metrics)]
-    seeds = ("each seed against the one run named" if comparison.fixed_seed
-             else "each seed against the same seed")
-    footer = ["", f"(±x): the row's score minus its counterpart's ({seeds}; mean ± std of "
-              f"the per-seed differences); † every seed's paired bootstrap has p < "
-              f"{experiment.alpha} in the same direction"
-              + ("." if comparison.fixed_seed else f"; ‡ Welch's t-test over the seed "
-                 f"scores has p < {experiment.alpha}."), "", ""]
-    return header + lines + footer, numbers
-
-
-def comparison_tables(experiment: Experiment, cells: list[dict]) -> tuple[list[str], dict]:
-    """The grid's ``comparisons`` (:class:`~ranmt.experiment.spec.Comparison`): per
-    comparison and test set a table, over the test sets its rows share with their
-    counterparts; comparison -> test -> dataset -> variant -> numbers."""
-    lines: list[str] = []
-    numbers: dict = {}
-    for comparison in experiment.comparisons:
-        pairs = _comparison_pairs(experiment, comparison, cells)
-        tests = list(dict.fromkeys(t for d in experiment.datasets for t in d.tests))
-        for test in tests if pairs else []:
-            test_lines, test_numbers = _comparison_table(experiment, comparison, test, pairs)
-            lines += test_lines
-            if test_numbers:
-                numbers.setdefault(comparison.name, {})[test] = test_numbers
     return lines, numbers
 
 
@@ -481,11 +284,11 @@ def build_tables(experiment: Experiment, cells: list[dict]) -> tuple[str, dict]:
         dataset_result: dict = {"tests": {}, "variants": {}}
         for test in dataset.tests:
             test_lines, dataset_result["tests"][test] = _test_table(
-                experiment, dataset, test, _scored_on(by_variant, test))
+                experiment, dataset, test, scored_on(by_variant, test))
             lines += test_lines
         for test in dataset.tests:
             also_lines, also = _also_decode_table(experiment, dataset, test,
-                                                  _scored_on(by_variant, test))
+                                                  scored_on(by_variant, test))
             if also:
                 dataset_result.setdefault("also_decode", {})[test] = also
             lines += also_lines

@@ -10,6 +10,14 @@ cell.json) is never trained again: submitting the grid a second time submits onl
 not finished. On a preemption or time-out SLURM signals the job first; submitit then calls
 :meth:`CellJob.checkpoint`, which requeues the same job (submitit's ``Checkpointable``).
 
+A cell that depends on another — a student on the translations of a teacher cell
+(``distill:`` in the grid) — is submitted after it: on SLURM with an ``afterok``
+dependency on the teacher's job (``--kill-on-invalid-dep=yes``: a failed teacher cancels
+its students instead of leaving them pending forever); with the local executor, which
+has no dependencies, the submitting process waits for the teacher's job and submits the
+student only once the teacher cell has finished, else names the teacher and why it did
+not finish and leaves the student (and its own dependents) unsubmitted.
+
 One GPU per cell for now: a cell on several GPUs would run its training under torchrun
 inside the job, but the grid's per-cell lock is taken by the process that trains, and every
 rank would try to take it (only one can); until the grid is rank-aware, ``gpus`` > 1 is
@@ -18,6 +26,7 @@ refused with that reason.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +110,46 @@ def _executor(options: LaunchOptions, folder: Path):
     return executor
 
 
+def _key(cell) -> tuple[str, str, int]:
+    return cell.dataset.name, cell.variant.name, cell.seed
+
+
+def unfinished_teachers(todo: list) -> dict[tuple[str, str, int], tuple[str, str, int]]:
+    """(dataset, variant, seed) of each unfinished cell that distills from an unfinished
+    teacher cell -> the teacher's: the cells that must wait. A teacher that has finished
+    is no dependency (its translations can be made now)."""
+    unfinished = {_key(cell) for cell in todo}
+    waits = {}
+    for cell in todo:
+        if cell.dataset.distill is not None:
+            teacher = cell.dataset.teacher_cell()
+            if teacher in unfinished:
+                waits[_key(cell)] = teacher
+    return waits
+
+
+def _label(key: tuple[str, str, int]) -> str:
+    """A cell's (dataset, variant, seed) as :attr:`ranmt.experiment.spec.Cell.label` says it."""
+    return f"{key[0]} / {key[1]} / seed {key[2]}"
+
+
+def _teacher_failure(job) -> str | None:
+    """Why a teacher's local job did not finish its cell, or None when it did."""
+    try:
+        finished = job.result()
+    except Exception as error:  # submitit's FailedJobError carries the job's traceback:
+        raised = [line.strip() for line in str(error).splitlines()  # its exception's line
+                  if re.match(r"\s*[\w.]+(Error|Exception|Interrupt|Exit)\b.*:", line)]
+        why = raised[-1] if raised else str(error).strip().splitlines()[0]
+        return f"its job {job.job_id} failed ({why}; log {job.paths.stderr})"
+    return None if finished else f"its job {job.job_id} ended with the cell unfinished"
+
+
 def submit_grid(experiment_file: str | Path, options: LaunchOptions,
                 out: str | Path | None = None, work: str | Path | None = None,
                 log=print) -> list:
-    """Submit one job per unfinished cell of the grid; return the submitit jobs."""
+    """Submit one job per unfinished cell of the grid, each after the teacher cell it
+    distills from (see the module docstring); return the submitted jobs in grid order."""
     from ranmt.experiment.loading import load_placed
     from ranmt.runtime.signals import children_honour_stop_signals
 
@@ -115,14 +160,44 @@ def submit_grid(experiment_file: str | Path, options: LaunchOptions,
         return []
     folder = Path(options.folder) if options.folder else experiment.out / "jobs"
     executor = _executor(options, folder)
+    waits = unfinished_teachers(todo)
+    jobs: dict[tuple[str, str, int], object] = {}
+    refused: dict[tuple[str, str, int], str] = {}  # cell -> why it was not submitted
     # the local launcher's job controllers are children of this process: a cancel (SIGINT)
     # must reach them even when this process was started with SIGINT ignored
     with children_honour_stop_signals():
-        jobs = [executor.submit(CellJob(str(Path(experiment_file).resolve()),
-                                        str(experiment.out.resolve()),
-                                        str(experiment.work) if experiment.work else None,
-                                        cell.dataset.name, cell.variant.name, cell.seed))
-                for cell in todo]
-    for cell, job in zip(todo, jobs):
-        log(f"{cell.label}: job {job.job_id} ({options.launcher})")
-    return jobs
+        for cell in todo:  # a teacher's dataset comes earlier in the grid: it is submitted
+            teacher = waits.get(_key(cell))  # before its students
+            after = None if teacher is None else jobs.get(teacher)
+            if teacher is not None and after is None:
+                refused[_key(cell)] = (f"its teacher {_label(teacher)} was not submitted "
+                                       f"({refused.get(teacher, 'not in the grid')})")
+            elif after is not None and options.launcher != "slurm":
+                failure = _teacher_failure(after)
+                if failure is not None:
+                    refused[_key(cell)] = f"its teacher {_label(teacher)} did not finish: " \
+                                          f"{failure}"
+            if _key(cell) in refused:
+                log(f"{cell.label}: not submitted: {refused[_key(cell)]}")
+                continue
+            job = _submit(executor, cell, experiment_file, experiment,
+                          after if options.launcher == "slurm" else None)
+            jobs[_key(cell)] = job
+            log(f"{cell.label}: job {job.job_id} ({options.launcher})"
+                + (f", after job {after.job_id}" if after is not None else ""))
+    return list(jobs.values())
+
+
+def _submit(executor, cell, experiment_file, experiment, after=None):
+    """Submit ``cell``'s job; on SLURM ``after`` a teacher's job (``afterok``)."""
+    job = CellJob(str(Path(experiment_file).resolve()), str(experiment.out.resolve()),
+                  str(experiment.work) if experiment.work else None,
+                  cell.dataset.name, cell.variant.name, cell.seed)
+    if after is None:
+        return executor.submit(job)
+    executor.update_parameters(slurm_additional_parameters={
+        "dependency": f"afterok:{after.job_id}", "kill_on_invalid_dep": "yes"})
+    try:
+        return executor.submit(job)
+    finally:
+        executor.update_parameters(slurm_additional_parameters={})

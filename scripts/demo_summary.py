@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +73,12 @@ def summary(scores: dict, models: list[tuple[str, Path, str]], budget: str,
     known = [f"{name} {found[0]:.1f}" for name, found in reached if found is not None]
     if known:
         seeds = max(found[1] for _, found in reached if found is not None)
-        lines.append(f"  Trained to convergence (docs/RESULTS.md: the same data and model size, "
-                     f"thousands of steps, mean of {seeds} seeds) they reach "
-                     f"{' and '.join(known)} on this test set: a demo of minutes shows the "
-                     f"pipeline and the first of learning, not the models' quality.")
+        lines += textwrap.wrap(
+            f"Trained to convergence (docs/RESULTS.md: the same data and model size, "
+            f"thousands of steps, mean of {seeds} seeds) they reach {' and '.join(known)} "
+            f"on this test set: a demo of minutes shows the pipeline and the first of "
+            f"learning, not the models' quality.", width=92, initial_indent="  ",
+            subsequent_indent="  ")
     return "\n".join(lines)
 
 

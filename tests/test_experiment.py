@@ -125,10 +125,12 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
         assert not (tmp_path / path.stem).exists()
     de_en = plan_experiment(root / "configs/experiments/multi30k_de_en_converged.yaml",
                             out=tmp_path / "d", log=lambda _m: None)
-    assert len(de_en["cells"]) == 12  # issue 48: 4 systems x 3 seeds, one precision, to convergence
+    # issue 48: 4 systems x 3 seeds, one precision, to convergence; issue 100: plain TransF too
+    assert len(de_en["cells"]) == 15
     assert {(c["precision"], c["validate_every"], c["patience"]) for c in de_en["cells"]} == \
         {("fp32", 500, 4)}
-    assert {c["variant"] for c in de_en["cells"]} == {"TransF+AD", "RAN-D", "RAN-ALL", "HC-SA"}
+    assert {c["variant"] for c in de_en["cells"]} == {"TransF+AD", "RAN-D", "RAN-ALL", "HC-SA",
+                                                      "TransF"}
     wmt = plan_experiment(root / "configs/experiments/wmt14_en_de.yaml", out=tmp_path / "w",
                           log=lambda _m: None)
     assert len(wmt["cells"]) == 21

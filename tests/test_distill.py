@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import reverse_task, write_parallel
 from ranmt.cli import main
@@ -99,27 +100,33 @@ def test_distill_killed_mid_run_resumes_without_losing_or_repeating_lines(
     assert report["lines"] == 200 and report["this_run"]["chunks"] < 13
 
 
-def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tmp_path):
-    """teacher -> distilled data -> students in one `ranmt experiment`: the distilled
-    dataset is the teacher cell's translations, encoded with the teacher's vocabularies;
-    a variant runs only on the datasets it lists."""
-    import yaml
-
+def distilled_grid(tmp_path, student_arch: str = "transf",
+                   teacher_overrides: dict | None = None) -> Path:
+    """The tiny reverse-task grid with a distilled dataset: a Teacher cell (TransF) on
+    ``reverse`` and a Student cell on the Teacher's translations (``reverse-distilled``)."""
     from test_experiment import _grid
 
     path = _grid(tmp_path)
     config = yaml.safe_load(path.read_text())
-    original = config["datasets"][0]
     config["baseline"] = "Student"
     config["datasets"].append({
         "name": "reverse-distilled", "src": "src", "tgt": "tgt",
         "distill": {"teacher": {"dataset": "reverse", "variant": "Teacher", "seed": 1},
                     "decode": {"beam": 1}, "chunk_lines": 1000}})
     config["variants"] = [
-        {"name": "Teacher", "datasets": ["reverse"], "overrides": {"model.arch": "transf"}},
+        {"name": "Teacher", "datasets": ["reverse"],
+         "overrides": {"model.arch": "transf", **(teacher_overrides or {})}},
         {"name": "Student", "datasets": ["reverse-distilled"],
-         "overrides": {"model.arch": "ssru-d"}}]
+         "overrides": {"model.arch": student_arch}}]
     path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tmp_path):
+    """teacher -> distilled data -> students in one `ranmt experiment`: the distilled
+    dataset is the teacher cell's translations, encoded with the teacher's vocabularies;
+    a variant runs only on the datasets it lists."""
+    path = distilled_grid(tmp_path, student_arch="ssru-d")
     main(["experiment", str(path), "--dry-run"])
     main(["experiment", str(path)])
     exp = tmp_path / "exp"
@@ -143,7 +150,8 @@ def test_a_grid_trains_its_teacher_distills_and_trains_students_on_the_result(tm
     assert list(student["tests"]) == ["test"] and student["tests"]["test"]["bleu"] >= 0
     assert len(raw_text(distilled, "test", "src")) == 40 == len(
         (exp / "runs/reverse-distilled/Student/seed1/test.hyp").read_text().splitlines())
-    assert original["name"] == "reverse"
+    config = yaml.safe_load(path.read_text())
+    assert config["datasets"][0]["name"] == "reverse"
     assert "reverse-distilled" in (exp / "results.md").read_text()
     _rebuilt_from_kept_translations(path, exp, distilled)
     # a test set added to the teacher's dataset later reaches the distilled one (copied:

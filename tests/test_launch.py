@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from ranmt.config import ConfigError
 from ranmt.experiment.launch import LaunchOptions, submit_grid
+from test_distill import distilled_grid  # the tiny grid with a teacher and its student
 from test_experiment import _grid  # the tiny reverse-task grid: TransF and RAN-ALL, seed 1
 
 submitit = pytest.importorskip("submitit")
@@ -79,25 +79,6 @@ def test_several_gpus_per_cell_are_refused_with_the_reason(tmp_path):
         submit_grid(path, LaunchOptions(launcher="local", gpus=2), log=lambda line: None)
 
 
-def _teacher_grid(tmp_path, teacher_overrides: dict | None = None) -> Path:
-    """The tiny grid with a distilled dataset: a Teacher cell on ``reverse`` and a Student
-    cell on the Teacher's translations (``reverse-distilled``)."""
-    path = _grid(tmp_path)
-    config = yaml.safe_load(path.read_text())
-    config["baseline"] = "Student"
-    config["datasets"].append({
-        "name": "reverse-distilled", "src": "src", "tgt": "tgt",
-        "distill": {"teacher": {"dataset": "reverse", "variant": "Teacher", "seed": 1},
-                    "decode": {"beam": 1}, "chunk_lines": 1000}})
-    config["variants"] = [
-        {"name": "Teacher", "datasets": ["reverse"],
-         "overrides": {"model.arch": "transf", **(teacher_overrides or {})}},
-        {"name": "Student", "datasets": ["reverse-distilled"],
-         "overrides": {"model.arch": "transf"}}]
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 class _RecordingExecutor:
     """Stands in for submitit's SLURM executor: records each submission with the extra
     SLURM parameters in force when it was made."""
@@ -121,7 +102,7 @@ def test_on_slurm_a_student_waits_for_its_teachers_job_with_afterok(tmp_path, mo
     executor = _RecordingExecutor()
     monkeypatch.setattr(launch, "_executor", lambda options, folder: executor)
     messages: list[str] = []
-    jobs = submit_grid(_teacher_grid(tmp_path), LaunchOptions(launcher="slurm"),
+    jobs = submit_grid(distilled_grid(tmp_path), LaunchOptions(launcher="slurm"),
                        log=messages.append)
     assert len(jobs) == 2
     (teacher_id, teacher, teacher_extra), (_, student, student_extra) = executor.submitted
@@ -133,7 +114,7 @@ def test_on_slurm_a_student_waits_for_its_teachers_job_with_afterok(tmp_path, mo
 
 
 def test_locally_a_failed_teacher_stops_its_student_with_the_reason(tmp_path):
-    path = _teacher_grid(tmp_path)
+    path = distilled_grid(tmp_path)
     config = yaml.safe_load(path.read_text())
     config["datasets"][0]["train"] = str(tmp_path / "missing")  # the teacher's job fails
     path.write_text(yaml.safe_dump(config))
@@ -154,7 +135,7 @@ def test_locally_a_failed_teacher_stops_its_student_with_the_reason(tmp_path):
 def test_locally_a_student_starts_only_after_its_teacher_has_finished(tmp_path):
     """The teacher trains, the student's job is submitted once the teacher's cell.json is
     written, and both finish (~30 s on two cores)."""
-    path = _teacher_grid(tmp_path)
+    path = distilled_grid(tmp_path)
     jobs = submit_grid(path, LaunchOptions(launcher="local", time_limit_min=10),
                        log=lambda line: None)
     teacher, student = jobs

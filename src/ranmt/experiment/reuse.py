@@ -41,6 +41,7 @@ _FIELDS_ADDED = {
     "model.ran.kernel": "auto",        # explicit off CUDA, what RAN computed before the field
     "model.aan": {"ffn_dim": 0, "gate": True},  # read by the AAN decoder only
     "decode.cuda_graphs": False,
+    "decode.compile_step": False,
     "decode.shortlist": False,
     "decode.sampling": "none",         # search, as every decode before sampling existed
     "decode.topk": 0,                  # the sampling settings, unread without sampling

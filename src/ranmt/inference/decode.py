@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ranmt.config import DecodeConfig, decode_with
-from ranmt.inference.graphs import RecordedStep, StaticDecoder
+from ranmt.inference.graphs import CompiledStep, RecordedStep, StaticDecoder
 from ranmt.inference.lengths import (  # noqa: F401  (length_penalty, max_lengths: re-exported)
     caps_with_prefix,
     length_penalty,
@@ -96,9 +96,9 @@ class _Decoder:
     or a :class:`StaticDecoder` (fixed addresses, for a recorded step)."""
 
     def __init__(self, model, cache, rows: int, capacity: int, device, static: bool,
-                 fixed_addresses: bool):
+                 fixed_addresses: bool, pin: bool = True):
         self.model, self.cache, self.static = model, cache, static
-        self.fixed = StaticDecoder(model, cache, rows, capacity, device) \
+        self.fixed = StaticDecoder(model, cache, rows, capacity, device, pin) \
             if fixed_addresses else None
 
     def decode(self, prev: Tensor) -> Tensor:
@@ -288,15 +288,21 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     options = search_options(options, overrides)
     greedy = options.beam == 1 if greedy is None else greedy
     graphs = static and options.cuda_graphs
+    compiled = options.compile_step
+    if compiled and not static:
+        raise ValueError("compile_step compiles the sync-free search's step: not with the "
+                         "shrinking search")
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1 (steps between checks whether every "
                          f"sentence is done), not {check_every}")
-    if graphs and pick is not None:
-        raise ValueError("sampling is not recorded as a CUDA graph: not with cuda_graphs")
+    if (graphs or compiled) and pick is not None:
+        raise ValueError("sampling is neither recorded as a CUDA graph nor compiled: not "
+                         "with cuda_graphs or compile_step")
     group = 1 if greedy else options.beam
     batch, device = src.shape[0], src.device
     caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group)
-    decoder = _Decoder(model, cache, batch * group, capacity, device, static, graphs)
+    decoder = _Decoder(model, cache, batch * group, capacity, device, static,
+                       graphs or compiled, pin=not compiled)
     row_caps, row_prefix = caps, prefix
     if group > 1:  # a sentence's beam rows share its limit and prefix (sentence-major)
         row_caps = caps.repeat_interleave(group)
@@ -311,7 +317,7 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
         apply_processors(processors, logprobs, state.rows)
         state.advance(logprobs)
 
-    run = RecordedStep(one_step, device, graphs)
+    run = CompiledStep(one_step) if compiled else RecordedStep(one_step, device, graphs)
     for index in range(capacity):
         run()
         if state.done(index, check_every):
@@ -382,12 +388,13 @@ def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
     else the sync-free search (whether all are done read every ``check_every`` steps) when
     ``sync_free``, or when it is None and ``src`` is on a GPU; else the shrinking search.
     ``cuda_graphs``: the sync-free search with its whole step replayed as a CUDA graph on
-    CUDA (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``)."""
+    CUDA (the same fixed-address step run eagerly elsewhere; ``ranmt.inference.graphs``);
+    ``compile_step``: the sync-free search with its whole step compiled."""
     options = search_options(options, overrides)
-    graphs = options.cuda_graphs
+    graphs = options.cuda_graphs or options.compile_step
     if graphs and (reference or sync_free is False):
-        raise ValueError("graphs replay the sync-free search's step: not with the reference "
-                         "or the shrinking search")
+        raise ValueError("graphs replay, and compile_step compiles, the sync-free search's "
+                         "step: not with the reference or the shrinking search")
     if sync_free is None:
         sync_free = graphs or src.device.type != "cpu"
     if reference:

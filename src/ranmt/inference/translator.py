@@ -137,6 +137,10 @@ class Translator:
             model = Ensemble(models)
             config = dataclasses.replace(config, model=model.config)
         config.decode = decode_with(config.decode, **decode_overrides)
+        if config.decode.compile_step and quantize != "none":
+            raise ValueError(f"--compile-step with --quantize {quantize}: not yet (dynamo "
+                             f"cannot trace fbgemm's packed int8 weights); compile fp32 or "
+                             f"bf16, or decode int8 eagerly")
         translator = cls(model, config, Vocab(directory / "spm.src.model"),
                          Vocab(directory / "spm.tgt.model"), device_, directory)
         translator.load_options = {"checkpoint": [str(path) for path in paths],

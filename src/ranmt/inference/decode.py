@@ -393,8 +393,9 @@ def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
     options = search_options(options, overrides)
     graphs = options.cuda_graphs or options.compile_step
     if graphs and (reference or sync_free is False):
-        raise ValueError("graphs replay, and compile_step compiles, the sync-free search's "
-                         "step: not with the reference or the shrinking search")
+        what = "compile_step compiles" if options.compile_step else "graphs replay"
+        raise ValueError(f"{what} the sync-free search's step: not with the reference or "
+                         f"the shrinking search")
     if sync_free is None:
         sync_free = graphs or src.device.type != "cpu"
     if reference:

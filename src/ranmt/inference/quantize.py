@@ -81,3 +81,55 @@ def is_quantized(model: nn.Module) -> bool:
     """Whether any layer of ``model`` is int8-quantized."""
     return any("quantized" in type(m).__module__ for m in model.modules())
 
+
+
+# ------------------------------------------------------------------ int8 inside a compiled step
+#
+# Dynamo cannot trace a dynamic int8 layer: its fbgemm packed weight is a TorchScript
+# object ("Failed to convert args/kwargs to proxy"). For ``decode.compile_step`` each such
+# layer becomes a :class:`TraceableInt8Linear`, which calls the same kernel through a custom
+# operator that names its packed weight by a number: the compiled graph holds the operator
+# as an opaque call (the products run as in eager int8; what is compiled is everything
+# between them).
+
+_PACKED: list = []  # number -> (fbgemm packed weight and bias, output features)
+
+
+@torch.library.custom_op("ranmt::int8_linear", mutates_args=())
+def _int8_linear(x: torch.Tensor, layer: int) -> torch.Tensor:
+    """x (..., in) -> (..., out): dynamic int8 layer number ``layer`` (fbgemm's kernel)."""
+    return torch.ops.quantized.linear_dynamic(x, _PACKED[layer][0], True)
+
+
+@_int8_linear.register_fake
+def _int8_linear_shape(x: torch.Tensor, layer: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], _PACKED[layer][1])
+
+
+class TraceableInt8Linear(nn.Module):
+    """A dynamic int8 linear layer (``quantize_dynamic``'s) as an operator dynamo can put in
+    a graph; the same kernel and outputs."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.number = len(_PACKED)
+        _PACKED.append((layer._packed_params._packed_params, layer.out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ranmt.int8_linear(x, self.number)
+
+
+def traceable_int8(model: nn.Module) -> int:
+    """Replace every dynamic int8 layer of a :func:`quantize_model`'d ``model`` by a
+    :class:`TraceableInt8Linear` (in place); returns how many. The packed weights stay
+    referenced for the life of the process."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is DynamicLinear:
+                setattr(module, name, TraceableInt8Linear(child))
+                replaced += 1
+    return replaced

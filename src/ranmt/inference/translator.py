@@ -137,10 +137,6 @@ class Translator:
             model = Ensemble(models)
             config = dataclasses.replace(config, model=model.config)
         config.decode = decode_with(config.decode, **decode_overrides)
-        if config.decode.compile_step and quantize != "none":
-            raise ValueError(f"--compile-step with --quantize {quantize}: not yet (dynamo "
-                             f"cannot trace fbgemm's packed int8 weights); compile fp32 or "
-                             f"bf16, or decode int8 eagerly")
         translator = cls(model, config, Vocab(directory / "spm.src.model"),
                          Vocab(directory / "spm.tgt.model"), device_, directory)
         translator.load_options = {"checkpoint": [str(path) for path in paths],
@@ -218,6 +214,11 @@ class Translator:
     def _decode_batch(self, src, prefix, d: DecodeConfig, seed: int):
         """One padded batch src (B, S) -> per sentence its hypotheses."""
         model, vocabulary = self.model, None
+        if d.compile_step and not getattr(self, "_int8_traceable", False):
+            from ranmt.inference.quantize import traceable_int8
+
+            traceable_int8(self.model)  # int8 layers as operators dynamo can trace (or none)
+            self._int8_traceable = True
         if d.shortlist:  # not with cuda_graphs: decode_with refuses the pair
             vocabulary = self.lexical_shortlist().vocabulary(src, prefix)
             model = RestrictedOutput(self.model, vocabulary)

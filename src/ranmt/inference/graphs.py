@@ -157,9 +157,9 @@ class RecordedStep:
 class CompiledStep:
     """Calls ``body`` (a search step that updates its state in place) through
     ``torch.compile`` (inductor with freezing, ``fullgraph``, static shapes):
-    ``decode.compile_step``. Off by default, as measured: fp32 greedy on a random student
-    (batch 32, 1 thread, 2-core Zen 4) 0.98x the eager sync-free search, 1.02x the
-    shrinking one, after 24 s of compilation for the first batch shape.
+    ``decode.compile_step``. Off by default, as measured (greedy on a random student,
+    batch 32, 1 thread, 2-core Zen 4; docs/PERFORMANCE.md): fp32 1.02x the shrinking
+    search, int8 1.09-1.28x, after seconds of compilation per batch shape.
 
     Dynamo caches a compiled graph by the body's code and guards on what it reads (shapes,
     dtypes, the decoder's settings), so a later search with the same batch shape reuses the

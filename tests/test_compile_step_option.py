@@ -81,3 +81,20 @@ def test_int8_decodes_compiled_as_it_decodes_eagerly(runs):
     assert [[t for t, _ in h] for h in got] == [[t for t, _ in h] for h in want]
     for hyps, reference in zip(got, want):
         assert [s for _, s in hyps] == pytest.approx([s for _, s in reference], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_two_models_of_one_shape_each_decode_with_their_own_weights():
+    """The compiled step folds the weights into the graph (freezing): a second model of the
+    same architecture and batch shape in the same process must not run the first's."""
+    torch._dynamo.reset()
+    src = _sources(0)
+    outputs = []
+    for seed in (3, 4):
+        model, _ = tiny_model(seed=seed)
+        eager = search(model, src, beam=1, sync_free=True, max_len_a=1.0, max_len_b=3)
+        compiled = search(model, src, beam=1, compile_step=True, max_len_a=1.0, max_len_b=3)
+        assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
+        outputs.append([h[0][0] for h in eager])
+    assert outputs[0] != outputs[1]  # the two models differ, so the check above can fail

@@ -1,5 +1,6 @@
 """A whole search step compiled with ``torch.compile`` on a CPU, int8 products kept as opaque
-operators, against the eager searches, side by side. Not a test; not a ranmt feature.
+operators, against the eager searches, side by side. On trained checkpoints
+(``decode.compile_step``; benchmarks/compile_step_option.py is the same on random weights).
 
 Issue 70's last open speed goal (ranmt's fastest student >= 1.2x CTranslate2 int8 + vmap
 at greedy, batch 32, one thread) is held back on the Zen 5 by what lies *between* a step's
@@ -14,15 +15,11 @@ script measures how much it does, for trained checkpoints:
 * ``compiled static``: the same sync-free step, the whole of it (decoder, arg-max or beam
   selection, reorder), through ``torch.compile(fullgraph=True)`` with inductor.
 
-What the compiled step needs that the product does not have (patched here, only while the
-compiled system runs): dynamo cannot trace fbgemm's packed int8 weights (a TorchScript
-object: "Failed to convert args/kwargs to proxy"), so each dynamic int8 layer calls a
-custom operator (``ranmt_bench::int8_linear``, a fake implementation for its output shape)
-that runs ``quantized.linear_dynamic`` outside the graph; the static decoder's pinning of
-cache addresses (for CUDA graphs) keys on ``id()``, which guards every new batch's cache
-and recompiles, so it is bypassed; and the decoder's Python step counter (unused when rows
-carry positions) is held at 0 so that it does not specialise the graph. The lexical
-shortlist's restricted output layer packs new int8 rows per batch and is not covered.
+The compiled system is ranmt's ``decode.compile_step`` (``ranmt.inference.graphs.
+CompiledStep``), on a copy of the model whose dynamic int8 layers are
+``ranmt.inference.quantize.TraceableInt8Linear`` (a custom operator around the same
+kernel: dynamo cannot trace fbgemm's packed weights). The lexical shortlist's restricted
+output layer packs new int8 rows per batch and is not covered.
 
 Printed: the one-off compile time, target tokens/s of each system (best of ``--rounds``
 after a warm-up, systems alternating), the ratio to eager shrinking, and how many best
@@ -37,107 +34,33 @@ flip near-ties; ``--precision fp32`` isolates the compiler's share).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
-from contextlib import contextmanager, nullcontext
 
 import torch
 import torch._dynamo
-from torch import Tensor, nn
 
 from ranmt.data.batching import pad_sources
 from ranmt.data.corpus import raw_text
-from ranmt.inference import decode as decode_module
-from ranmt.inference import graphs
+from ranmt.inference.decode import search
+from ranmt.inference.quantize import traceable_int8
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 
-_PACKED: dict[int, object] = {}  # layer key -> fbgemm packed int8 weight and bias
-_OUT_FEATURES: dict[int, int] = {}
-
-
-@torch.library.custom_op("ranmt_bench::int8_linear", mutates_args=())
-def int8_linear(x: Tensor, layer: int) -> Tensor:
-    """x (..., in) -> (..., out): the dynamic int8 layer ``layer``, outside the graph."""
-    return torch.ops.quantized.linear_dynamic(x, _PACKED[layer], True)
-
-
-@int8_linear.register_fake
-def _int8_linear_shape(x: Tensor, layer: int) -> Tensor:
-    return x.new_empty(*x.shape[:-1], _OUT_FEATURES[layer])
-
-
-class OpaqueInt8Linear(nn.Module):
-    """A dynamic int8 linear layer: fbgemm's call in eager mode, the custom operator when
-    dynamo traces it (same kernel, same outputs)."""
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.packed = layer._packed_params._packed_params
-        self.key = len(_PACKED)
-        _PACKED[self.key], _OUT_FEATURES[self.key] = self.packed, layer.out_features
-
-    def forward(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.ranmt_bench.int8_linear(x, self.key)
-        return torch.ops.quantized.linear_dynamic(x, self.packed, True)
-
-
-def make_opaque(model: nn.Module) -> int:
-    """Replace every dynamic int8 linear of ``model`` by an :class:`OpaqueInt8Linear`;
-    returns how many."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
-    replaced = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is DynamicLinear:
-                setattr(module, name, OpaqueInt8Linear(child))
-                replaced += 1
-    return replaced
-
-
-class _CompiledStep(graphs.RecordedStep):
-    """The search's step body through ``torch.compile`` (never recorded as a CUDA graph)."""
-
-    def __init__(self, body, device, record):
-        super().__init__(torch.compile(body, fullgraph=True), device, False)
-
-
-@contextmanager
-def compiled_steps():
-    """While inside: the sync-free searches compile their step (see the module docstring)."""
-    recorded, decode, pinned = (decode_module.RecordedStep, graphs.StaticDecoder.decode,
-                                graphs.StaticDecoder._pinned)
-
-    def decode_at_step_zero(self, prev: Tensor) -> Tensor:
-        logprobs = decode(self, prev)
-        for member in self.cache.members:
-            member.step = 0  # rows carry positions; the counter would specialise the graph
-        return logprobs
-
-    decode_module.RecordedStep = _CompiledStep
-    graphs.StaticDecoder.decode = decode_at_step_zero
-    graphs.StaticDecoder._pinned = lambda self, run: run()
-    try:
-        yield
-    finally:
-        decode_module.RecordedStep = recorded
-        graphs.StaticDecoder.decode, graphs.StaticDecoder._pinned = decode, pinned
-
-
 SYSTEMS = {"eager shrinking": {"sync_free": False},
-           "eager static": {"sync_free": True, "cuda_graphs": True},
-           "compiled static": {"sync_free": True, "cuda_graphs": True}}
+           "eager static": {"sync_free": True},
+           "compiled static": {"compile_step": True}}
 
 
-def _decode(model, batches, args, system: str) -> tuple[list, float]:
-    """(best hypothesis per sentence, seconds) of ``system`` over ``batches``."""
+def _decode(models, batches, args, system: str) -> tuple[list, float]:
+    """(best hypothesis per sentence, seconds) of ``system`` over ``batches``; ``models``:
+    (the model, its copy with traceable int8 layers for the compiled system)."""
     options = {"beam": args.beam, "fixed_length": args.fixed_length, **SYSTEMS[system]}
+    model = models[1] if system.startswith("compiled") else models[0]
     start = time.perf_counter()
-    with compiled_steps() if system.startswith("compiled") else nullcontext():
-        hyps = [h[0] for src in batches for h in decode_module.search(model, src, **options)]
+    hyps = [h[0] for src in batches for h in search(model, src, **options)]
     return hyps, time.perf_counter() - start
 
 
@@ -146,22 +69,22 @@ def measure(run: str, args) -> dict:
     quantize = "int8" if args.precision == "int8" else "none"
     precision = "bf16" if args.precision == "bf16" else "fp32"
     translator = Translator.load(run, device="cpu", quantize=quantize, precision=precision)
-    model = translator.model
-    opaque = make_opaque(model) if quantize == "int8" else 0
+    models = (translator.model, copy.deepcopy(translator.model))
+    opaque = traceable_int8(models[1])
     lines = raw_text(args.data, args.split, "src")[: args.sentences]
     ids = sorted(translator.src_vocab.encode(lines), key=len)
     batches = [pad_sources(ids[i: i + args.batch]) for i in range(0, len(ids), args.batch)]
     for system in SYSTEMS:  # warm-up of the eager systems, first: an eager pass can leave
         if not system.startswith("compiled"):  # state (RAN's cached matrices) a graph guards
-            _decode(model, batches, args, system)
+            _decode(models, batches, args, system)
     start = time.perf_counter()
-    _decode(model, batches, args, "compiled static")
+    _decode(models, batches, args, "compiled static")
     compile_seconds = time.perf_counter() - start
     best, outputs = dict.fromkeys(SYSTEMS, float("inf")), {}
     for round_index in range(args.rounds):
         order = list(SYSTEMS) if round_index % 2 == 0 else list(reversed(SYSTEMS))
         for system in order:
-            outputs[system], seconds = _decode(model, batches, args, system)
+            outputs[system], seconds = _decode(models, batches, args, system)
             best[system] = min(best[system], seconds)
     reference = outputs["eager shrinking"]
     tokens = sum(len(tokens) + 1 for tokens, _ in reference)
@@ -193,7 +116,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch._dynamo.config.recompile_limit = 64
     header = {"cpu": cpu_description(), "torch": torch.__version__, "threads": args.threads,
               "batch": args.batch, "beam": args.beam, "fixed_length": args.fixed_length,
               "precision": args.precision, "sentences": args.sentences, "rounds": args.rounds}

@@ -98,3 +98,15 @@ def test_two_models_of_one_shape_each_decode_with_their_own_weights():
         assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
         outputs.append([h[0][0] for h in eager])
     assert outputs[0] != outputs[1]  # the two models differ, so the check above can fail
+
+
+def test_traceable_int8_layers_decode_as_the_int8_layers_they_replace():
+    from conftest import random_batch
+    from ranmt.inference.quantize import TraceableInt8Linear, quantize_model, traceable_int8
+
+    model = quantize_model(tiny_model(seed=1)[0], "int8")
+    src = random_batch(batch=4)[0]
+    before = search(model, src, beam=2, fixed_length=5)
+    assert traceable_int8(model) > 0
+    assert any(isinstance(m, TraceableInt8Linear) for m in model.modules())
+    assert search(model, src, beam=2, fixed_length=5) == before

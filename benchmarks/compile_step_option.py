@@ -10,14 +10,13 @@ eager shrinking search (the CPU default).
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 
 import torch
 
 from ranmt.config import load_config
 from ranmt.inference.decode import search
-from ranmt.inference.quantize import quantize_model, traceable_int8
+from ranmt.inference.quantize import quantize_model
 from ranmt.model import EOS_ID
 from ranmt.model.seq2seq import build_model
 from ranmt.runtime.precision import cpu_description
@@ -39,8 +38,6 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(cfg.model).eval()
     if args.int8:
         model = quantize_model(model, "int8")
-    traced = copy.deepcopy(model)  # the compiled system's copy: int8 layers dynamo can trace
-    traceable_int8(traced)
     sources = []
     for _ in range(BATCHES):
         src = torch.randint(4, 8000, (BATCH, SOURCE))
@@ -48,14 +45,13 @@ def main(argv: list[str] | None = None) -> None:
         sources.append(src)
 
     def run(options: dict) -> float:
-        chosen = traced if options.get("compile_step") else model
         start = time.perf_counter()
         for src in sources:
-            search(chosen, src, beam=1, fixed_length=LENGTH, **options)
+            search(model, src, beam=1, fixed_length=LENGTH, **options)
         return time.perf_counter() - start
 
     start = time.perf_counter()
-    search(traced, sources[0], beam=1, fixed_length=LENGTH, compile_step=True)
+    search(model, sources[0], beam=1, fixed_length=LENGTH, compile_step=True)
     print(f"{cpu_description()}, torch {torch.__version__}, "
           f"{'int8' if args.int8 else 'fp32'}: first compiled batch "
           f"{time.perf_counter() - start:.1f} s")

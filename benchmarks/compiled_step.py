@@ -1,5 +1,5 @@
-"""A whole search step compiled with ``torch.compile`` on a CPU, int8 products kept as opaque
-operators, against the eager searches, side by side. On trained checkpoints
+"""A whole search step compiled with ``torch.compile`` on a CPU against the eager searches,
+side by side, on trained checkpoints
 (``decode.compile_step``; benchmarks/compile_step_option.py is the same on random weights).
 
 Issue 70's last open speed goal (ranmt's fastest student >= 1.2x CTranslate2 int8 + vmap
@@ -16,16 +16,15 @@ script measures how much it does, for trained checkpoints:
   selection, reorder), through ``torch.compile(fullgraph=True)`` with inductor.
 
 The compiled system is ranmt's ``decode.compile_step`` (``ranmt.inference.graphs.
-CompiledStep``), on a copy of the model whose dynamic int8 layers are
-``ranmt.inference.quantize.TraceableInt8Linear`` (a custom operator around the same
-kernel: dynamo cannot trace fbgemm's packed weights). The lexical shortlist's restricted
-output layer packs new int8 rows per batch and is not covered.
+CompiledStep``); its int8 layers trace as ``torch._int_mm`` with per-row activation scales
+(``ranmt.inference.quantize``) where the eager systems run fbgemm's kernel with one scale
+per activation tensor. The lexical shortlist is not covered (compile_step refuses it).
 
 Printed: the one-off compile time, target tokens/s of each system (best of ``--rounds``
 after a warm-up, systems alternating), the ratio to eager shrinking, and how many best
-hypotheses equal eager shrinking's (int8 quantizes each activation tensor with one scale,
-so a static search's extra rows and a compiled graph's differently ordered float sums can
-flip near-ties; ``--precision fp32`` isolates the compiler's share).
+hypotheses equal eager shrinking's (eager int8 quantizes each activation tensor with one
+scale, so a static search's extra rows flip near-ties, and the compiled int8 step scales
+each row; ``--precision fp32`` isolates the compiler's share).
 
     python benchmarks/compiled_step.py --run RUN [RUN ...] --data DATA --batch 32 --beam 1 \\
         --threads 1 --fixed-length 20 [--precision int8|fp32|bf16] [--json OUT]
@@ -34,7 +33,6 @@ flip near-ties; ``--precision fp32`` isolates the compiler's share).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -45,7 +43,6 @@ import torch._dynamo
 from ranmt.data.batching import pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.inference.decode import search
-from ranmt.inference.quantize import traceable_int8
 from ranmt.inference.translator import Translator
 from ranmt.runtime.precision import cpu_description
 
@@ -54,11 +51,9 @@ SYSTEMS = {"eager shrinking": {"sync_free": False},
            "compiled static": {"compile_step": True}}
 
 
-def _decode(models, batches, args, system: str) -> tuple[list, float]:
-    """(best hypothesis per sentence, seconds) of ``system`` over ``batches``; ``models``:
-    (the model, its copy with traceable int8 layers for the compiled system)."""
+def _decode(model, batches, args, system: str) -> tuple[list, float]:
+    """(best hypothesis per sentence, seconds) of ``system`` over ``batches``."""
     options = {"beam": args.beam, "fixed_length": args.fixed_length, **SYSTEMS[system]}
-    model = models[1] if system.startswith("compiled") else models[0]
     start = time.perf_counter()
     hyps = [h[0] for src in batches for h in search(model, src, **options)]
     return hyps, time.perf_counter() - start
@@ -69,26 +64,25 @@ def measure(run: str, args) -> dict:
     quantize = "int8" if args.precision == "int8" else "none"
     precision = "bf16" if args.precision == "bf16" else "fp32"
     translator = Translator.load(run, device="cpu", quantize=quantize, precision=precision)
-    models = (translator.model, copy.deepcopy(translator.model))
-    opaque = traceable_int8(models[1])
+    model = translator.model
     lines = raw_text(args.data, args.split, "src")[: args.sentences]
     ids = sorted(translator.src_vocab.encode(lines), key=len)
     batches = [pad_sources(ids[i: i + args.batch]) for i in range(0, len(ids), args.batch)]
     for system in SYSTEMS:  # warm-up of the eager systems, first: an eager pass can leave
         if not system.startswith("compiled"):  # state (RAN's cached matrices) a graph guards
-            _decode(models, batches, args, system)
+            _decode(model, batches, args, system)
     start = time.perf_counter()
-    _decode(models, batches, args, "compiled static")
+    _decode(model, batches, args, "compiled static")
     compile_seconds = time.perf_counter() - start
     best, outputs = dict.fromkeys(SYSTEMS, float("inf")), {}
     for round_index in range(args.rounds):
         order = list(SYSTEMS) if round_index % 2 == 0 else list(reversed(SYSTEMS))
         for system in order:
-            outputs[system], seconds = _decode(models, batches, args, system)
+            outputs[system], seconds = _decode(model, batches, args, system)
             best[system] = min(best[system], seconds)
     reference = outputs["eager shrinking"]
     tokens = sum(len(tokens) + 1 for tokens, _ in reference)
-    result = {"run": run, "arch": translator.config.model.arch, "opaque_int8_layers": opaque,
+    result = {"run": run, "arch": translator.config.model.arch,
               "compile_and_first_pass_s": round(compile_seconds, 1), "tokens": tokens,
               "systems": {}}
     for system in SYSTEMS:

@@ -63,11 +63,12 @@ def test_compile_step_is_refused_with_what_it_does_not_go_with():
 @pytest.mark.slow
 @pytest.mark.ci
 def test_int8_decodes_compiled_as_it_decodes_eagerly(runs):
-    """int8 under compile_step: each dynamic int8 layer becomes an opaque operator around
-    the same kernel (``quantize.TraceableInt8Linear``), so the compiled step gives the
-    eager int8 sync-free search's hypotheses."""
+    """int8 under compile_step: the int8 layers trace as plain tensor operations around
+    ``torch._int_mm`` (per-row activation scales), so the compiled step gives the eager
+    int8 sync-free search's hypotheses when eager runs the same kernel (by default eager
+    layers, the encoder's among them, run fbgemm's)."""
     from ranmt.data.batching import pad_sources
-    from ranmt.inference.quantize import TraceableInt8Linear
+    from ranmt.inference.quantize import int8_kernel
     from ranmt.inference.translator import Translator
 
     torch._dynamo.reset()
@@ -75,9 +76,9 @@ def test_int8_decodes_compiled_as_it_decodes_eagerly(runs):
     compiled = Translator.load(runs["transf"], device="cpu", quantize="int8", beam=2,
                                compile_step=True)
     src = pad_sources(eager.src_vocab.encode(["a b c d", "e f g h i", "j k l"]))
-    want = search(eager.model, src, eager.config.decode, sync_free=True)
-    got = compiled._decode_batch(src, None, compiled.config.decode, 0)
-    assert any(isinstance(m, TraceableInt8Linear) for m in compiled.model.modules())
+    with int8_kernel("int_mm"):  # the encoder, eager in both, on the same kernel too
+        want = search(eager.model, src, eager.config.decode, sync_free=True)
+        got = compiled._decode_batch(src, None, compiled.config.decode, 0)
     assert [[t for t, _ in h] for h in got] == [[t for t, _ in h] for h in want]
     for hyps, reference in zip(got, want):
         assert [s for _, s in hyps] == pytest.approx([s for _, s in reference], abs=1e-4)
@@ -98,15 +99,3 @@ def test_two_models_of_one_shape_each_decode_with_their_own_weights():
         assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
         outputs.append([h[0][0] for h in eager])
     assert outputs[0] != outputs[1]  # the two models differ, so the check above can fail
-
-
-def test_traceable_int8_layers_decode_as_the_int8_layers_they_replace():
-    from conftest import random_batch
-    from ranmt.inference.quantize import TraceableInt8Linear, quantize_model, traceable_int8
-
-    model = quantize_model(tiny_model(seed=1)[0], "int8")
-    src = random_batch(batch=4)[0]
-    before = search(model, src, beam=2, fixed_length=5)
-    assert traceable_int8(model) > 0
-    assert any(isinstance(m, TraceableInt8Linear) for m in model.modules())
-    assert search(model, src, beam=2, fixed_length=5) == before

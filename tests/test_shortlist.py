@@ -119,27 +119,30 @@ def test_translate_with_the_shortlist_of_the_training_data(reverse_run, reverse_
         Translator.load(run, device="cpu", shortlist=True).translate(["a b"])
 
 
-@pytest.mark.parametrize("kind", ["tied", "untied", "int8"])
+@pytest.mark.parametrize("kind", ["tied", "untied", "int8", "int8 int_mm"])
 def test_restricted_output_layer_equals_the_full_layers_columns(kind):
     """The restricted output layer (weight rows taken and packed once per batch: oneDNN for
-    float32, fbgemm for int8) gives the full layer's logits at the listed ids: the int8 one
-    exactly (same int8 rows, same scale, activations quantized alike), float32 up to
-    summation order."""
-    from ranmt.inference.quantize import quantize_model
+    float32, fbgemm for int8; the traced int8 form takes the rows) gives the full layer's
+    logits at the listed ids: the int8 one exactly (same int8 rows, same scales,
+    activations quantized alike), float32 up to summation order."""
+    import contextlib
+
+    from ranmt.inference.quantize import int8_kernel, quantize_model
 
     model, _ = tiny_model(seed=4, **({"model.tie_output": "false"} if kind == "untied" else {}))
     model.eval()
-    if kind == "int8":
+    if kind.startswith("int8"):
         model = quantize_model(model, "int8")
     decoder = model.decoder
     assert (decoder.output is None) == (kind == "tied")
     vocabulary = torch.tensor([0, 1, 2, 3, 9, 17, 18, 33])
     hidden = torch.randn(5, 2, model.config.d_model)
-    with torch.inference_mode():
+    kernel = int8_kernel("int_mm") if kind == "int8 int_mm" else contextlib.nullcontext()
+    with torch.inference_mode(), kernel:
         full = decoder.project(hidden)[..., vocabulary]
         restricted = decoder.restricted_output(vocabulary)(hidden)
     assert restricted.shape == (5, 2, len(vocabulary))
-    if kind == "int8":
+    if kind.startswith("int8"):
         assert torch.equal(restricted, full)
     else:
         torch.testing.assert_close(restricted, full, rtol=1e-5, atol=1e-5)

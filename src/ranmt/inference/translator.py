@@ -88,7 +88,6 @@ class Translator:
         self.tgt_vocab = tgt_vocab
         self.device = device
         self.checkpoint_dir = checkpoint_dir
-        self.int8_traceable = False  # int8 layers swapped for ones dynamo traces (compile_step)
         self.load_options: dict | None = None
         """The arguments of :meth:`load` that give this translator again (None when it was
         built otherwise): how ``ranmt serve``'s decoding workers load their copy."""
@@ -215,11 +214,6 @@ class Translator:
     def _decode_batch(self, src, prefix, d: DecodeConfig, seed: int):
         """One padded batch src (B, S) -> per sentence its hypotheses."""
         model, vocabulary = self.model, None
-        if d.compile_step and not self.int8_traceable:
-            from ranmt.inference.quantize import traceable_int8
-
-            traceable_int8(self.model)  # int8 layers as operators dynamo can trace (or none)
-            self.int8_traceable = True
         if d.shortlist:  # not with cuda_graphs: decode_with refuses the pair
             vocabulary = self.lexical_shortlist().vocabulary(src, prefix)
             model = RestrictedOutput(self.model, vocabulary)

@@ -20,7 +20,7 @@ from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
-from ranmt.runtime.packed import inference_linear, restricted_int8_linear, use_packed_linears
+from ranmt.runtime.packed import inference_linear, use_packed_linears
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -87,9 +87,9 @@ class Decoder(nn.Module):
             if self.training:
                 return lambda x: F.linear(x, weight, bias)
             return lambda x: inference_linear(x, weight, bias, packed, "restricted")
-        int8 = restricted_int8_linear(self.output, vocabulary)
-        if int8 is not None:
-            return int8
+        restricted = getattr(self.output, "restricted", None)  # an int8 layer's own rows
+        if restricted is not None:
+            return restricted(vocabulary)
         return lambda x: self.output(x).index_select(-1, vocabulary)
 
     def project(self, x: Tensor, cache: DecoderCache | None = None) -> Tensor:

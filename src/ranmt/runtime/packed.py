@@ -11,9 +11,6 @@ op PyTorch's own compiler uses for frozen CPU graphs), cached per weight and reb
 weight changes (its version counter or storage). Training and every other device or dtype
 (bf16 on a CPU whose oneDNN cannot pack it) use ``F.linear`` unchanged.
 
-:func:`restricted_int8_linear` packs some output rows of an int8 (dynamically quantized)
-layer for fbgemm: a lexical shortlist's output layer (``ranmt.inference.shortlist``).
-
 ``RANMT_ONEDNN=0`` in the environment (or :func:`set_enabled`) turns the packed path off.
 Results differ from ``F.linear`` by float rounding only (~1e-6 relative).
 """
@@ -112,27 +109,3 @@ def plain_linears(model: nn.Module) -> nn.Module:
             module.__class__ = nn.Linear
             module.__dict__.pop("_packed", None)
     return model
-
-
-def restricted_int8_linear(layer: nn.Module, rows: torch.Tensor):
-    """For a dynamically quantized int8 linear ``layer`` (out, in), a function x (..., in) ->
-    its outputs at ``rows`` (R,) only: the int8 weight rows (same values, same per-tensor
-    scale) and bias packed once for fbgemm, activations quantized as the layer does
-    (``reduce_range``), so the result equals ``layer(x)[..., rows]`` exactly at R/out of
-    its cost (a lexical shortlist's output layer). None for any other layer."""
-    try:
-        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return None
-    if type(layer) is not DynamicLinear:
-        return None
-    # The layer's int8 weight and bias, unpacked from fbgemm's layout once per layer (an
-    # unpack of an 8k x 256 weight per batch cost ~20 ms, more than the rows it saved)
-    if "_unpacked" not in layer.__dict__:
-        layer._unpacked = (layer.weight(), layer.bias())
-    weight, bias = layer._unpacked
-    if weight.qscheme() != torch.per_tensor_affine:
-        return None
-    packed = torch.ops.quantized.linear_prepack(
-        weight.index_select(0, rows), None if bias is None else bias.index_select(0, rows))
-    return lambda x: torch.ops.quantized.linear_dynamic(x, packed, True)

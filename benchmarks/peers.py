@@ -13,6 +13,8 @@ batches, with the same beam size, length penalty and length cap, with
 * with ``--int8``: ranmt TransF/RAN-ALL with ``--quantize int8`` and CTranslate2 int8;
 * with ``--bf16`` (a CPU with native bf16): ranmt TransF/RAN-ALL with ``--precision bf16``,
   against CTranslate2 int8 (its fastest CPU mode: it has no bf16 on a CPU) and fp32;
+* with ``--compile-step``: ranmt with its whole search step compiled (``decode.compile_step``;
+  int8 with ``--int8``), each batch shape compiled in the warm-up round;
 * with ``--shortlist`` (the TransF run has a ``shortlist.safetensors``, ``ranmt
   shortlist``): ranmt TransF with it (``--shortlist``) and CTranslate2 with it as its
   vocabulary map (``vmap.txt`` written by the export, ``use_vmap=True``), fp32 and, with
@@ -93,6 +95,7 @@ def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int
                   fixed_length: int | None):
     model = translator.model.eval()
     shortlist = translator.lexical_shortlist() if translator.decode_config.shortlist else None
+    compiled = translator.decode_config.compile_step
 
     def run(batch: list[list[int]]) -> list[list[int]]:
         src, runner, ids = pad_sources(batch), model, None
@@ -101,7 +104,7 @@ def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int
             runner, ids = RestrictedOutput(model, vocabulary), vocabulary.tolist()
         hyps = search(runner, src, beam=beam, lenpen=lenpen, lenpen_style="fairseq",
                       max_len_a=0.0, max_len_b=max_len, nbest=1,
-                      fixed_length=fixed_length)
+                      fixed_length=fixed_length, compile_step=compiled)
         if ids is None:
             return [h[0][0] for h in hyps]
         return [[ids[token] for token in h[0][0]] for h in hyps]
@@ -195,6 +198,12 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     if args.bf16:
         builders.update({f"ranmt {name} bf16": ranmt(run, precision="bf16")
                          for name, run in runs.items()})
+    if args.compile_step:  # the whole step compiled (not with the shortlist: refused)
+        builders.update({f"ranmt {name} int8 compiled": ranmt(run, quantize="int8",
+                                                              compile_step=True)
+                         for name, run in runs.items()} if args.int8 else
+                        {f"ranmt {name} compiled": ranmt(run, compile_step=True)
+                         for name, run in runs.items()})
     if args.int8 or args.bf16:
         builders["CTranslate2 int8"] = lambda: ct2("int8")
     if args.shortlist:  # the runs' shortlist.safetensors: ranmt's list, CTranslate2's vmap
@@ -258,6 +267,7 @@ def _child_argv(args, name: str, child_out: Path) -> list[str]:
     argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
     return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
                                          ("--no-hf", args.no_hf),
+                                         ("--compile-step", args.compile_step),
                                          ("--shortlist", args.shortlist)) if on]
 
 
@@ -355,6 +365,9 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
                          ("ranmt TransF + shortlist", "CTranslate2 fp32 + vmap"),
                          (f"ranmt {ran} + shortlist", "CTranslate2 fp32 + vmap"),
                          ("ranmt TransF int8 + shortlist", "CTranslate2 int8 + vmap"),
+                         ("ranmt TransF int8 compiled", "CTranslate2 int8"),
+                         ("ranmt TransF int8 compiled", "CTranslate2 int8 + vmap"),
+                         ("ranmt TransF int8 compiled", "ranmt TransF int8"),
                          (f"ranmt {ran} int8 + shortlist", "CTranslate2 int8 + vmap"),
                          ("CTranslate2 int8 + vmap", "CTranslate2 int8")):
         if mine in rows and theirs in rows:
@@ -644,6 +657,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="also ranmt TransF with the run's lexical shortlist (ranmt shortlist) "
                         "and CTranslate2 with it as its vocabulary map (use_vmap), fp32 and, "
                         "with --int8, int8")
+    p.add_argument("--compile-step", action="store_true",
+                   help="also ranmt with decode.compile_step (with --int8: int8 compiled); "
+                        "the warm-up round compiles every batch shape")
     p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--one-process", dest="isolate", action="store_false",

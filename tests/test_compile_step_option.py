@@ -1,8 +1,9 @@
 """``decode.compile_step`` (issue 99 item 2): the sync-free search's whole step through
 torch.compile (inductor). Compiled = eager: the same hypotheses as the sync-free search for
 greedy and beam search, scores equal but for float rounding (inductor fuses and reorders
-sums); a second search of the same batch shape compiles nothing new; the pairs it does not
-go with are refused with the reason."""
+sums); a second search of the same batch shape bucket (source length and cache capacity
+rounded up to a multiple of 8) compiles nothing new; the pairs it does not go with are
+refused with the reason."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def test_the_compiled_step_gives_the_eager_hypotheses_and_compiles_once_per_shap
     torch._dynamo.reset()
     model, _ = tiny_model(seed=3, **{"model.arch": arch})
     options = {"beam": beam, "nbest": beam, "max_len_a": 1.0, "max_len_b": 3}
-    for seed in (0, 1):  # two batches of one shape: the second compiles nothing
-        src = _sources(seed)
+    for seed in (0, 1):  # two batches of one bucket (7 and 6 source tokens, capacities 10
+        src = _sources(seed, length=7 - seed)  # and 9 -> 8 and 16): the second compiles nothing
         eager = search(model, src, sync_free=True, **options)
         compiled = search(model, src, compile_step=True, **options)
         assert [[tokens for tokens, _ in hyps] for hyps in compiled] == \

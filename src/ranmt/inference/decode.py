@@ -34,6 +34,7 @@ addresses) is, on CUDA, recorded once as a CUDA graph and replayed
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ranmt.config import DecodeConfig, decode_with
@@ -78,15 +79,16 @@ def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfi
 
 
 def _start(model: Seq2Seq, src: Tensor, options: DecodeConfig, limit: int | None,
-           fixed_length: int | None, prefix: Tensor | None, group: int = 1
+           fixed_length: int | None, prefix: Tensor | None, group: int = 1, bucket: int = 1
            ) -> tuple[Tensor, int, dict]:
     """Encode src (B, S) for a static-cache search: (output length limits (B,), the cache
-    capacity (the longest limit + 1), the decoder cache for ``group`` rows a sentence)."""
+    capacity (the longest limit + 1, rounded up to a multiple of ``bucket`` within the
+    model's positions), the decoder cache for ``group`` rows a sentence)."""
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = model.encode(src)
     caps = output_caps(src, options.max_len_a, options.max_len_b, limit, fixed_length)
     caps = caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
-    capacity = int(caps.max()) + 1
+    capacity = min(-(-(int(caps.max()) + 1) // bucket) * bucket, limit + 1)
     return caps, capacity, model.init_cache(memory, pad_mask, group=group, capacity=capacity)
 
 
@@ -300,7 +302,11 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
                          "with cuda_graphs or compile_step")
     group = 1 if greedy else options.beam
     batch, device = src.shape[0], src.device
-    caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group)
+    bucket = CompiledStep.BUCKET if compiled else 1  # fewer shapes, fewer compilations
+    if bucket > 1 and src.shape[1] % bucket:  # source columns of padding (masked)
+        src = F.pad(src, (0, bucket - src.shape[1] % bucket), value=PAD_ID)
+    caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group,
+                                   bucket)
     decoder = _Decoder(model, cache, batch * group, capacity, device, static,
                        graphs or compiled, pin=not compiled)
     row_caps, row_prefix = caps, prefix

@@ -170,8 +170,12 @@ class CompiledStep:
 
     SHAPES = 64
     """Batch shapes (rows, source length, cache capacity) one process may compile: Dynamo's
-    default limit (8) would end a long file's translation with an error at its ninth shape
-    (no source-length buckets yet: every distinct shape is a compilation)."""
+    default limit (8) would end a long file's translation with an error at its ninth."""
+
+    BUCKET = 8
+    """Source lengths and cache capacities a compiled search rounds up to a multiple of
+    (padding columns, masked; unused cache slots): a file's batches then share a few
+    shapes instead of one each (``run_search``)."""
 
     def __init__(self, body: Callable[[], None]):
         # freezing: the weights are constants of the graph (folded, packed for oneDNN)

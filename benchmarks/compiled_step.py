@@ -1,6 +1,6 @@
 """A whole search step compiled with ``torch.compile`` on a CPU against the eager searches,
 side by side, on trained checkpoints
-(``decode.compile_step``; benchmarks/compile_step_option.py is the same on random weights).
+(``--run``) or on the ``student`` preset with random weights (``--random-student``).
 
 Issue 70's last open speed goal (ranmt's fastest student >= 1.2x CTranslate2 int8 + vmap
 at greedy, batch 32, one thread) is held back on the Zen 5 by what lies *between* a step's
@@ -28,6 +28,7 @@ each row; ``--precision fp32`` isolates the compiler's share).
 
     python benchmarks/compiled_step.py --run RUN [RUN ...] --data DATA --batch 32 --beam 1 \\
         --threads 1 --fixed-length 20 [--precision int8|fp32|bf16] [--json OUT]
+    python benchmarks/compiled_step.py --random-student --sentences 320 [--precision fp32]
 """
 
 from __future__ import annotations
@@ -59,15 +60,44 @@ def _decode(model, batches, args, system: str) -> tuple[list, float]:
     return hyps, time.perf_counter() - start
 
 
-def measure(run: str, args) -> dict:
-    """One checkpoint's systems, side by side (see the module docstring)."""
+def _trained(run: str, args) -> tuple[torch.nn.Module, list, str]:
+    """A trained checkpoint at ``args.precision`` and its length-sorted source batches."""
     quantize = "int8" if args.precision == "int8" else "none"
     precision = "bf16" if args.precision == "bf16" else "fp32"
     translator = Translator.load(run, device="cpu", quantize=quantize, precision=precision)
-    model = translator.model
     lines = raw_text(args.data, args.split, "src")[: args.sentences]
     ids = sorted(translator.src_vocab.encode(lines), key=len)
     batches = [pad_sources(ids[i: i + args.batch]) for i in range(0, len(ids), args.batch)]
+    return translator.model, batches, translator.config.model.arch
+
+
+def _random_student(args) -> tuple[torch.nn.Module, list, str]:
+    """The ``student`` preset (TransF, 8k vocabularies) with random weights, and
+    ``args.sentences`` random sources of 16 tokens in batches: no checkpoint or data."""
+    from ranmt.config import load_config
+    from ranmt.inference.quantize import quantize_model
+    from ranmt.model import EOS_ID
+    from ranmt.model.seq2seq import build_model
+
+    torch.manual_seed(0)
+    cfg = load_config("configs/multi30k_small.yaml", [
+        "model.preset=student", "model.arch=transf", "model.src_vocab_size=8000",
+        "model.tgt_vocab_size=8000"])
+    model = build_model(cfg.model).eval()
+    if args.precision == "int8":
+        model = quantize_model(model, "int8")
+    batches = []
+    for start in range(0, args.sentences, args.batch):
+        src = torch.randint(4, 8000, (min(args.batch, args.sentences - start), 16))
+        src[:, -1] = EOS_ID
+        batches.append(src)
+    return model, batches, "transf (random student)"
+
+
+def measure(run: str | None, args) -> dict:
+    """One checkpoint's systems (``run`` None: the random student), side by side (see the
+    module docstring)."""
+    model, batches, arch = _trained(run, args) if run else _random_student(args)
     for system in SYSTEMS:  # warm-up of the eager systems, first: an eager pass can leave
         if not system.startswith("compiled"):  # state (RAN's cached matrices) a graph guards
             _decode(model, batches, args, system)
@@ -82,7 +112,7 @@ def measure(run: str, args) -> dict:
             best[system] = min(best[system], seconds)
     reference = outputs["eager shrinking"]
     tokens = sum(len(tokens) + 1 for tokens, _ in reference)
-    result = {"run": run, "arch": translator.config.model.arch,
+    result = {"run": run, "arch": arch,
               "compile_and_first_pass_s": round(compile_seconds, 1), "tokens": tokens,
               "systems": {}}
     for system in SYSTEMS:
@@ -96,8 +126,11 @@ def measure(run: str, args) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", nargs="+", required=True, help="trained runs or checkpoints")
-    p.add_argument("--data", required=True, help="prepared data directory")
+    p.add_argument("--run", nargs="+", help="trained runs or checkpoints")
+    p.add_argument("--data", help="prepared data directory (with --run)")
+    p.add_argument("--random-student", action="store_true",
+                   help="the student preset with random weights and random 16-token "
+                        "sources instead of trained runs (no data needed)")
     p.add_argument("--split", default="test_2016_flickr")
     p.add_argument("--sentences", type=int, default=320)
     p.add_argument("--batch", type=int, default=32)
@@ -109,13 +142,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    if bool(args.run) == args.random_student or (args.run and not args.data):
+        p.error("give --run RUN ... --data DATA, or --random-student")
+    if args.random_student and args.precision == "bf16":
+        p.error("--random-student measures int8 or fp32 (bf16: a trained --run)")
     torch.set_num_threads(args.threads)
     header = {"cpu": cpu_description(), "torch": torch.__version__, "threads": args.threads,
               "batch": args.batch, "beam": args.beam, "fixed_length": args.fixed_length,
               "precision": args.precision, "sentences": args.sentences, "rounds": args.rounds}
     print(json.dumps(header))
     results = []
-    for run in args.run:
+    for run in args.run or [None]:
         result = measure(run, args)
         results.append(result)
         print(f"{result['arch']} {args.precision}: compile + first pass "

@@ -218,7 +218,7 @@ def test_fast_equals_reference_with_a_wide_vocabulary(arch):
 def test_fast_decoder_step_traces_as_one_graph(self_attention):
     """The fast decoder's step (after the first, which allocates the caches, and after a
     reorder into the other buffer) traces into one graph without breaks: what
-    benchmarks/compile_decode.py needs to compile it (no pointer comparisons, no integer
+    decode.compile_step needs to compile it (no pointer comparisons, no integer
     indexing by the step)."""
     model = _model(self_attention, "dot", 0).eval()
     src, _ = random_batch(batch=3, src_len=7, seed=0)

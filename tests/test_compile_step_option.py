@@ -52,8 +52,6 @@ def test_the_compiled_step_gives_the_eager_hypotheses_and_compiles_once_per_shap
 def test_compile_step_is_refused_with_what_it_does_not_go_with():
     with pytest.raises(ConfigError, match="choose one"):
         decode_with(DecodeConfig(), compile_step=True, cuda_graphs=True)
-    with pytest.raises(ConfigError, match="shortlist"):
-        decode_with(DecodeConfig(), compile_step=True, shortlist=True)
     with pytest.raises(ConfigError, match="sampling"):
         decode_with(DecodeConfig(), compile_step=True, sampling="topk")
     model, _ = tiny_model()
@@ -100,3 +98,67 @@ def test_two_models_of_one_shape_each_decode_with_their_own_weights():
         assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
         outputs.append([h[0][0] for h in eager])
     assert outputs[0] != outputs[1]  # the two models differ, so the check above can fail
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_compiled_shortlist_decodes_as_the_eager_one_in_one_graph_per_bucket(precision):
+    """The shortlist inside the compiled step: the batch's vocabulary padded to its bucket
+    (padding rows -inf), the restricted layer's rows graph inputs -- the eager shortlisted
+    search's hypotheses, and a second batch with another vocabulary of the bucket compiles
+    nothing."""
+    from ranmt.inference.quantize import int8_kernel, quantize_model
+    from ranmt.inference.shortlist import RestrictedOutput, bucketed_vocabulary, vocabulary_bucket
+
+    assert [vocabulary_bucket(n) for n in (1, 64, 65, 96, 97, 129, 200, 3000)] == \
+        [64, 64, 96, 96, 128, 192, 256, 3072]
+    torch._dynamo.reset()
+    model, _ = tiny_model(seed=5)
+    model.eval()
+    if precision == "int8":
+        model = quantize_model(model, "int8")
+    options = {"beam": 2, "nbest": 1, "max_len_a": 1.0, "max_len_b": 3}
+    generator = torch.Generator().manual_seed(0)
+    for size in (21, 26):  # two vocabularies of one bucket (min(64, V = 40))
+        others = torch.randperm(VOCAB - 4, generator=generator)[: size - 4] + 4
+        vocabulary = torch.cat([torch.arange(4), others.sort().values])
+        padded, blocked = bucketed_vocabulary(vocabulary, VOCAB)
+        assert len(padded) == VOCAB and blocked == VOCAB - size
+        src = _sources(size)
+        with int8_kernel("int_mm"):  # eager on the compiled step's int8 kernel
+            eager = search(RestrictedOutput(model, vocabulary), src, sync_free=True, **options)
+            compiled = search(RestrictedOutput(model, padded, blocked), src,
+                              compile_step=True, **options)
+        assert [[t for t, _ in h] for h in compiled] == [[t for t, _ in h] for h in eager]
+        assert all(t < size for h in compiled for tokens, _ in h for t in tokens)
+        for got, want in zip(compiled, eager):
+            assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
+        if size == 21:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_the_translator_decodes_a_compiled_shortlist_as_the_eager_one(reverse_run, reverse_data,
+                                                                       tmp_path):
+    """``--compile-step --shortlist`` through the translator (the batch's vocabulary
+    bucketed there) on a trained model: the eager shortlisted translator's outputs."""
+    import shutil
+
+    from ranmt.cli import main
+    from ranmt.data.corpus import raw_text
+    from ranmt.inference.translator import Translator
+
+    run = tmp_path / "shortlisted"
+    shutil.copytree(reverse_run, run, symlinks=True)
+    main(["shortlist", "--data", str(reverse_data), "--out", str(run), "--k", "6",
+          "--frequent", "4"])
+    torch._dynamo.reset()
+    eager = Translator.load(run, device="cpu", beam=2, shortlist=True)
+    compiled = Translator.load(run, device="cpu", beam=2, shortlist=True, compile_step=True)
+    sources = eager.encode_sources(raw_text(reverse_data, "test", "src")[:6])
+    want, got = eager.translate_ids(sources), compiled.translate_ids(sources)
+    assert [h[0][0] for h in got] == [h[0][0] for h in want]
+    assert len({t for h in want for t in h[0][0]}) > 5  # real outputs, not one token

@@ -296,9 +296,11 @@ class DecodeConfig:
     compile_step: bool = decode_option(
         False, "search with the sync-free search's whole step (decoder, processors, "
                "selection) compiled by torch.compile (inductor, fullgraph, static shapes): "
-               "one compilation per batch shape and process, tens of seconds each on a CPU, "
-               "then fewer operators a step; the same outputs in fp32; not with int8 yet "
-               "(ranmt.inference.graphs.CompiledStep)")
+               "one compilation per batch shape bucket (source length and cache capacity "
+               "to multiples of 8, a shortlist's vocabulary to 2^k or 1.5 * 2^k) and "
+               "process, seconds each on a CPU, then fewer operators a step; int8 layers "
+               "traced as torch._int_mm with per-row scales; not with sampling or "
+               "cuda_graphs (ranmt.inference.graphs.CompiledStep)")
     truncate_long: bool = decode_option(
         False, "truncate inputs longer than model.max_positions (with a warning) instead of "
                "failing")
@@ -813,9 +815,6 @@ def decode_conflict(d: DecodeConfig, label=lambda name: f"decode.{name}") -> str
                 "step's output layer is fixed, a shortlist changes it per batch")
     if d.compile_step and d.cuda_graphs:
         return f"{label('compile_step')} and {label('cuda_graphs')}: choose one"
-    if d.compile_step and d.shortlist:
-        return (f"{label('shortlist')} does not go with {label('compile_step')} yet: a "
-                "shortlist changes the output layer per batch (a recompilation each)")
     if d.compile_step and d.sampling != "none":
         return f"{label('sampling')} is not compiled: not with {label('compile_step')}"
     return None

@@ -122,20 +122,53 @@ class Shortlist:
 
 class RestrictedOutput:
     """A model (or ensemble) whose decoder caches produce ``vocabulary`` (V',) only: what
-    the searches run on with a shortlist (everything else is the model's)."""
+    the searches run on with a shortlist (everything else is the model's).
 
-    def __init__(self, model, vocabulary: Tensor):
+    ``blocked`` > 0 (a compiled search, :func:`bucketed_vocabulary`): the last ``blocked``
+    entries of ``vocabulary`` are padding whose logits are -inf, and each cache gets its
+    output layer built here, outside the compiled step, as a
+    :class:`ranmt.model.seq2seq.RestrictedProjection` (its tensors are the graph's inputs,
+    so the next batch of the same bucket runs the same graph)."""
+
+    def __init__(self, model, vocabulary: Tensor, blocked: int | None = None):
         self.model = model
         self.vocabulary = vocabulary
+        self.blocked = blocked
 
     def __getattr__(self, name: str):
         return getattr(self.model, name)
 
     def init_cache(self, *args, **kwargs):
         cache = self.model.init_cache(*args, **kwargs)
-        for member in cache.members:
+        members = cache.members
+        models = getattr(self.model, "models", [self.model])
+        if self.blocked is not None and len(models) != len(members):
+            raise ValueError("a compiled shortlist needs one cache per model")
+        for index, member in enumerate(members):
             member.vocabulary = self.vocabulary
+            if self.blocked is not None:
+                member.output = models[index].decoder.restricted_projection(
+                    self.vocabulary, self.blocked)
         return cache
+
+
+def vocabulary_bucket(size: int) -> int:
+    """The bucket a compiled search pads a batch's vocabulary of ``size`` ids to: the
+    smallest 2^k or 3 * 2^(k-1) (k >= 6) that holds it -- a file's batches then share a few
+    output shapes (a compilation each) at most 1.5x the rows they need."""
+    bucket = 64
+    while bucket < size:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+    return bucket
+
+
+def bucketed_vocabulary(vocabulary: Tensor, limit: int) -> tuple[Tensor, int]:
+    """(V',) sorted ids -> (the ids padded to :func:`vocabulary_bucket` (at most ``limit``,
+    the full vocabulary's size) by repeating the last id (still sorted: ``searchsorted``
+    finds the real entry first), the number of padding entries)."""
+    blocked = max(min(vocabulary_bucket(len(vocabulary)), limit) - len(vocabulary), 0)
+    padding = vocabulary[-1:].expand(blocked)
+    return torch.cat([vocabulary, padding]), blocked
 
 
 def shortlist_beside(checkpoint: str | Path) -> Path | None:

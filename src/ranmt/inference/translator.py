@@ -36,6 +36,7 @@ from ranmt.inference.shortlist import (
     SHORTLIST_FILE,
     RestrictedOutput,
     Shortlist,
+    bucketed_vocabulary,
     shortlist_beside,
 )
 from ranmt.runtime.memory import retain_freed_memory
@@ -215,8 +216,12 @@ class Translator:
         """One padded batch src (B, S) -> per sentence its hypotheses."""
         model, vocabulary = self.model, None
         if d.shortlist:  # not with cuda_graphs: decode_with refuses the pair
-            vocabulary = self.lexical_shortlist().vocabulary(src, prefix)
-            model = RestrictedOutput(self.model, vocabulary)
+            shortlist = self.lexical_shortlist()
+            vocabulary, blocked = shortlist.vocabulary(src, prefix), None
+            if d.compile_step:  # a few vocabulary sizes, padded rows -inf: few graphs
+                vocabulary, blocked = bucketed_vocabulary(vocabulary,
+                                                          shortlist.target_vocab_size)
+            model = RestrictedOutput(self.model, vocabulary, blocked)
             if prefix is not None:  # target ids -> indices into the batch's vocabulary
                 prefix = torch.searchsorted(vocabulary, prefix)
         if d.sampling != "none":

@@ -19,6 +19,7 @@ from ranmt.attention import AttentionSpec, build_attention, build_shared, reorde
 from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
+from ranmt.inference.quantize import int8_product
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
 from ranmt.runtime.packed import inference_linear, use_packed_linears
 
@@ -48,6 +49,22 @@ class Encoder(nn.Module):
             x, state, weights = layer(x, pad_mask, state, need_weights, masks)
             all_weights.append(weights)
         return self.final_norm(x), all_weights
+
+
+class RestrictedProjection:
+    """An output layer's rows for a compiled step's shortlist: x (..., d) -> logits
+    (..., V'), with ``weight`` (V', d) float, or ``weight`` (d, V') int8 and
+    ``weight_scale`` (V',) (``ranmt.inference.quantize.int8_product``); ``bias`` (V',)
+    holds -inf at the padding rows. Plain tensors, so a compiled graph takes them as inputs
+    (not constants): a new batch of the same size runs the same graph."""
+
+    def __init__(self, weight: Tensor, weight_scale: Tensor | None, bias: Tensor):
+        self.weight, self.weight_scale, self.bias = weight, weight_scale, bias
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.weight_scale is None:
+            return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+        return int8_product(x, self.weight, self.weight_scale, self.bias)
 
 
 class Decoder(nn.Module):
@@ -91,6 +108,28 @@ class Decoder(nn.Module):
         if restricted is not None:
             return restricted(vocabulary)
         return lambda x: self.output(x).index_select(-1, vocabulary)
+
+    def restricted_projection(self, vocabulary: Tensor, blocked: int
+                              ) -> RestrictedProjection:
+        """The output layer at the ids ``vocabulary`` (V',) whose last ``blocked`` entries
+        are padding (logits -inf), as plain tensors for a compiled step: float rows (tied
+        or linear) or an int8 layer's rows and scales (traced as ``torch._int_mm``)."""
+        bias = None
+        if self.output is None or isinstance(self.output, nn.Linear):
+            source = self.embedder.tokens if self.output is None else self.output
+            weight, weight_scale = source.weight.detach().index_select(0, vocabulary), None
+            bias = getattr(source, "bias", None)
+        elif hasattr(self.output, "weight_t"):  # ranmt.inference.quantize.Int8Linear
+            weight = self.output.weight_t.index_select(1, vocabulary)  # (d, V') int8
+            weight_scale = self.output.weight_scale.index_select(0, vocabulary)
+            bias = self.output.bias
+        else:
+            raise ValueError(f"a compiled shortlist cannot restrict a "
+                             f"{type(self.output).__name__} output layer")
+        bias = (torch.zeros(len(vocabulary), device=vocabulary.device) if bias is None
+                else bias.detach().float().index_select(0, vocabulary))
+        bias[len(vocabulary) - blocked:] = float("-inf")
+        return RestrictedProjection(weight, weight_scale, bias)
 
     def project(self, x: Tensor, cache: DecoderCache | None = None) -> Tensor:
         """(B, T, d) -> logits (B, T, V), or (B, T, V') over ``cache.vocabulary``."""

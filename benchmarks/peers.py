@@ -83,7 +83,7 @@ import torch
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import raw_text
 from ranmt.inference.decode import search
-from ranmt.inference.shortlist import RestrictedOutput
+from ranmt.inference.shortlist import RestrictedOutput, bucketed_vocabulary
 from ranmt.inference.translator import Translator
 from ranmt.model import EOS_ID, PAD_ID
 from ranmt.runtime.precision import cpu_description
@@ -100,8 +100,12 @@ def _ranmt_system(translator: Translator, beam: int, lenpen: float, max_len: int
     def run(batch: list[list[int]]) -> list[list[int]]:
         src, runner, ids = pad_sources(batch), model, None
         if shortlist is not None:  # the batch's list: the search runs over its indices
-            vocabulary = shortlist.vocabulary(src)
-            runner, ids = RestrictedOutput(model, vocabulary), vocabulary.tolist()
+            vocabulary, blocked = shortlist.vocabulary(src), None
+            if compiled:  # padded to its bucket, as the translator does
+                vocabulary, blocked = bucketed_vocabulary(vocabulary,
+                                                          shortlist.target_vocab_size)
+            runner = RestrictedOutput(model, vocabulary, blocked)
+            ids = vocabulary.tolist()
         hyps = search(runner, src, beam=beam, lenpen=lenpen, lenpen_style="fairseq",
                       max_len_a=0.0, max_len_b=max_len, nbest=1,
                       fixed_length=fixed_length, compile_step=compiled)
@@ -198,12 +202,16 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     if args.bf16:
         builders.update({f"ranmt {name} bf16": ranmt(run, precision="bf16")
                          for name, run in runs.items()})
-    if args.compile_step:  # the whole step compiled (not with the shortlist: refused)
+    if args.compile_step:  # the whole step compiled
         builders.update({f"ranmt {name} int8 compiled": ranmt(run, quantize="int8",
                                                               compile_step=True)
                          for name, run in runs.items()} if args.int8 else
                         {f"ranmt {name} compiled": ranmt(run, compile_step=True)
                          for name, run in runs.items()})
+        if args.int8 and args.shortlist:
+            builders.update({f"ranmt {name} int8 compiled + shortlist": ranmt(
+                run, quantize="int8", compile_step=True, shortlist=True)
+                for name, run in runs.items()})
     if args.int8 or args.bf16:
         builders["CTranslate2 int8"] = lambda: ct2("int8")
     if args.shortlist:  # the runs' shortlist.safetensors: ranmt's list, CTranslate2's vmap
@@ -368,6 +376,9 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
                          ("ranmt TransF int8 compiled", "CTranslate2 int8"),
                          ("ranmt TransF int8 compiled", "CTranslate2 int8 + vmap"),
                          ("ranmt TransF int8 compiled", "ranmt TransF int8"),
+                         ("ranmt TransF int8 compiled + shortlist", "CTranslate2 int8 + vmap"),
+                         ("ranmt TransF int8 compiled + shortlist",
+                          "ranmt TransF int8 + shortlist"),
                          (f"ranmt {ran} int8 + shortlist", "CTranslate2 int8 + vmap"),
                          ("CTranslate2 int8 + vmap", "CTranslate2 int8")):
         if mine in rows and theirs in rows:

@@ -43,7 +43,7 @@ def _args(reverse_data, tmp_path, **overrides):
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
                   no_hf=False, json=None, isolate=False, only=None, child_out=None,
-                  shortlist=False, ran_name="RAN-ALL")
+                  shortlist=False, compile_step=False, ran_name="RAN-ALL")
     values.update(overrides)
     return argparse.Namespace(**values)
 

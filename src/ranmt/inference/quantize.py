@@ -40,6 +40,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ranmt.runtime.int8 import int8_product
 from ranmt.runtime.packed import plain_linears
 
 QUANTIZE_MODES = ("none", "int8")
@@ -109,24 +110,6 @@ def _fbgemm_pack(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor |
         warnings.simplefilter("ignore")
         q = torch._make_per_channel_quantized_tensor(weight.contiguous(), scale.double(), zero, 0)
         return torch.ops.quantized.linear_prepack(q, bias)
-
-
-def int8_product(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., in) float -> (..., out): per-row symmetric int8 activations times the int8
-    weight ``weight_t`` (in, out) with its per-column scales, accumulated in int32."""
-    rows = x.reshape(-1, x.shape[-1]).float()
-    if rows.shape[0] == 0:
-        out = rows.new_zeros(0, weight_t.shape[1])
-    else:
-        row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127  # (N, 1)
-        quantized = torch.round(rows / row_scale).to(torch.int8)
-        product = torch._int_mm(quantized, weight_t).float()  # (N, out) int32 -> float
-        out = (product * (row_scale * weight_scale) if bias is None
-               else torch.addcmul(bias, product, row_scale * weight_scale))
-    if rows.shape[0] == 0 and bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight_t.shape[1]).to(x.dtype)
 
 
 @contextmanager

@@ -19,8 +19,8 @@ from ranmt.attention import AttentionSpec, build_attention, build_shared, reorde
 from ranmt.attention.base import PassMasks, whole_span_plan
 from ranmt.attention.cache import AttentionCache, DecoderCache, LayerCache
 from ranmt.config import ModelConfig
-from ranmt.inference.quantize import int8_product
 from ranmt.model.layers import DecoderLayer, Embedder, EncoderLayer, FeedForward, build_positions
+from ranmt.runtime.int8 import int8_product
 from ranmt.runtime.packed import inference_linear, use_packed_linears
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -54,7 +54,7 @@ class Encoder(nn.Module):
 class RestrictedProjection:
     """An output layer's rows for a compiled step's shortlist: x (..., d) -> logits
     (..., V'), with ``weight`` (V', d) float, or ``weight`` (d, V') int8 and
-    ``weight_scale`` (V',) (``ranmt.inference.quantize.int8_product``); ``bias`` (V',)
+    ``weight_scale`` (V',) (``ranmt.runtime.int8.int8_product``); ``bias`` (V',)
     holds -inf at the padding rows. Plain tensors, so a compiled graph takes them as inputs
     (not constants): a new batch of the same size runs the same graph."""
 

@@ -11,7 +11,8 @@ from ranmt.cli.common import Command, info, show_progress
 def _args_download(p: argparse.ArgumentParser) -> None:
     """The options of ``ranmt download``."""
     p.add_argument("dataset", help="multi30k (en, de, fr, cs); wmt14 (en-de, en-fr); wmt17 "
-                                   "(en-lv, en-fi, en-tr); WMT pairs in either direction")
+                                   "(en-lv, en-fi, en-tr); WMT pairs in either direction; "
+                                   "dialogsum (dialogue -> summary, from a local copy)")
     p.add_argument("--pair", default="en-de", help="language pair, e.g. en-de, en-fr, en-cs")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--from", dest="source",
@@ -26,11 +27,15 @@ def _cmd_download(args) -> None:
 
     if args.dataset == "multi30k":
         download_multi30k(args.pair, args.out, args.source, log=info)
+    elif args.dataset == "dialogsum":
+        from ranmt.data.dialogsum import download_dialogsum
+
+        download_dialogsum(args.out, args.source, log=info)
     elif args.dataset in available():
         download_wmt(args.dataset, args.pair, args.out, args.source, log=info)
     else:
         raise ValueError(f"unknown dataset '{args.dataset}' (available: multi30k, "
-                         f"{', '.join(available())})")
+                         f"dialogsum, {', '.join(available())})")
 
 
 def _args_prepare(p: argparse.ArgumentParser) -> None:

@@ -39,9 +39,12 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
         name = spec.get("dataset", "multi30k")
         if name == "multi30k":
             return [f"downloads multi30k {spec.get('pair', f'{dataset.src}-{dataset.tgt}')}"]
+        if name == "dialogsum":
+            return ["reads DialogSum (train / dev / test, the test's first reference) from "
+                    "RANMT_DATA_DIR or the spec's `from`"]
         if name not in available():
             raise ConfigError(f"dataset {dataset.name}: cannot download '{name}' (available: "
-                              f"multi30k, {', '.join(available())})")
+                              f"multi30k, dialogsum, {', '.join(available())})")
         pair = spec.get("pair", f"{dataset.src}-{dataset.tgt}")
         try:
             task, _ = find_task(name, pair)

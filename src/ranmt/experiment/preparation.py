@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ranmt.config import ConfigError
 from ranmt.data.corpus import add_test_splits, load_meta, prepare, save_meta
+from ranmt.data.dialogsum import download_dialogsum
 from ranmt.data.download import download_multi30k
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
@@ -63,9 +64,14 @@ def _corpus_prefixes(dataset: Dataset, root: Path, log) -> tuple[str | list[str]
         download_multi30k(pair, raw, spec.get("from"), log=log)
         train_prefix = train_prefix or str(raw / "train")
         valid_prefix = valid_prefix or str(raw / "val")
+    elif kind == "dialogsum":
+        download_dialogsum(raw, spec.get("from"), log=log)
+        train_prefix = train_prefix or str(raw / "train")
+        valid_prefix = valid_prefix or str(raw / "dev")
+        tests = tests or {"test": "test"}
     else:
         raise ConfigError(f"dataset {dataset.name}: cannot download '{kind}' (available: "
-                          f"multi30k, {', '.join(available_wmt())})")
+                          f"multi30k, dialogsum, {', '.join(available_wmt())})")
     tests = {name: str(raw / prefix) if not Path(prefix).is_absolute() and
              not Path(prefix).parent.parts else prefix for name, prefix in tests.items()}
     return train_prefix, valid_prefix, tests

@@ -98,38 +98,59 @@ def moses_tokenize(lines: list[str], lang: str = "en", compound_split: bool = Fa
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str = "en",
-                   compound_split: bool = False) -> tuple[float, str]:
-    """(BLEU on Moses-tokenized text, description) — the multi-bleu.perl style number."""
+                   compound_split: bool = False, extra_refs: list[list[str]] = ()
+                   ) -> tuple[float, str]:
+    """(BLEU on Moses-tokenized text, description) — the multi-bleu.perl style number;
+    ``extra_refs``: more reference streams."""
     metric = BLEU(tokenize="none", force=True)
     score = metric.corpus_score(moses_tokenize(hyps, lang, compound_split),
-                                [moses_tokenize(refs, lang, compound_split)])
+                                [moses_tokenize(stream, lang, compound_split)
+                                 for stream in (refs, *extra_refs)])
     signature = f"moses-tok:{lang or 'en'}|compound-split:{'yes' if compound_split else 'no'}|" \
         + str(metric.get_signature())
     return float(score.score), signature
 
 
-def rouge(hyps: list[str], refs: list[str], kinds=("rouge1", "rouge2", "rougeL")) -> dict:
-    """Corpus ROUGE: mean F-measure x 100 per kind (rouge-score, with stemming)."""
+ROUGE_REFERENCE_RULES = ("max", "mean")
+
+
+def rouge(hyps: list[str], refs: list[str], kinds=("rouge1", "rouge2", "rougeL"),
+          extra_refs: list[list[str]] = (), rule: str = "max") -> dict:
+    """Corpus ROUGE: mean over lines of the F-measure x 100 per kind (rouge-score, with
+    stemming). With ``extra_refs`` (more reference streams, e.g. DialogSum's three), a
+    line's F-measure per kind is the best over its references (``rule`` max: rouge-score's
+    ``score_multi``) or their mean (``rule`` mean)."""
     from rouge_score import rouge_scorer
 
+    if rule not in ROUGE_REFERENCE_RULES:
+        raise ScoreError(f"unknown multi-reference rule '{rule}' (choose from "
+                         f"{', '.join(ROUGE_REFERENCE_RULES)})")
     scorer = rouge_scorer.RougeScorer(list(kinds), use_stemmer=True)
     totals = dict.fromkeys(kinds, 0.0)
-    for hyp, ref in zip(hyps, refs):
-        scores = scorer.score(ref, hyp)
+    for line, hyp in enumerate(hyps):
+        per_reference = [scorer.score(stream[line], hyp) for stream in (refs, *extra_refs)]
         for kind in kinds:
-            totals[kind] += scores[kind].fmeasure
+            values = [scores[kind].fmeasure for scores in per_reference]
+            totals[kind] += max(values) if rule == "max" else sum(values) / len(values)
     return {kind: 100.0 * total / max(len(hyps), 1) for kind, total in totals.items()}
 
 
 def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
-          tgt_lang: str = "", compound_split: bool = False, length_ratio: bool = False
-          ) -> dict:
+          tgt_lang: str = "", compound_split: bool = False, length_ratio: bool = False,
+          extra_refs: list[list[str]] = (), rouge_rule: str = "max") -> dict:
     """``{"bleu": 31.2, "chrf": ..., "signature": {"bleu": "nrefs:1|..."}}``.
 
+    ``extra_refs``: more reference streams, line by line with ``refs`` (sacreBLEU's
+    multi-reference BLEU, chrF and TER; ROUGE by ``rouge_rule``, see :func:`rouge`).
     ``length_ratio``: also ``"length_ratio"``, hypothesis over reference words as BLEU's
     brevity penalty counts them (``bleu``'s tokenization; BP = exp(1 - 1/ratio) below 1)."""
     if len(hyps) != len(refs):
         raise ScoreError(f"hypothesis has {len(hyps)} lines, reference has {len(refs)}")
+    for number, stream in enumerate(extra_refs, start=2):
+        if len(stream) != len(refs):
+            raise ScoreError(f"reference {number} has {len(stream)} lines, the first has "
+                             f"{len(refs)}")
+    streams = [refs, *extra_refs]
     if not refs:
         raise ScoreError("the reference is empty: nothing to score")
     unknown = [m for m in metrics if m not in METRICS]
@@ -138,17 +159,20 @@ def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
     result: dict = {"signature": {}}
     rouge_kinds = [m for m in metrics if m.startswith("rouge")]
     if rouge_kinds:
-        result.update({k: round(v, 4) for k, v in rouge(hyps, refs, rouge_kinds).items()})
+        values = rouge(hyps, refs, rouge_kinds, extra_refs, rouge_rule)
+        result.update({k: round(v, 4) for k, v in values.items()})
         for kind in rouge_kinds:
-            result["signature"][kind] = "rouge-score|stemmer:yes|fmeasure"
+            result["signature"][kind] = "rouge-score|stemmer:yes|fmeasure" + (
+                f"|nrefs:{len(streams)}|refs:{rouge_rule}" if extra_refs else "")
     for name in metrics:
         if name.startswith("rouge"):
             continue
         if name == "tok_bleu":
-            value, signature = tokenized_bleu(hyps, refs, tgt_lang, compound_split)
+            value, signature = tokenized_bleu(hyps, refs, tgt_lang, compound_split,
+                                              extra_refs)
         else:
             metric = _sacrebleu_metric(name, tgt_lang)
-            corpus = metric.corpus_score(hyps, [refs])
+            corpus = metric.corpus_score(hyps, streams)
             value = float(corpus.score)
             signature = str(metric.get_signature())
             if name == "bleu" and length_ratio:
@@ -156,8 +180,8 @@ def score(hyps: list[str], refs: list[str], metrics=("bleu", "chrf", "ter"),
         result[name] = round(value, 4)
         result["signature"][name] = signature
     if length_ratio and "length_ratio" not in result:
-        result["length_ratio"] = score(hyps, refs, ("bleu",), tgt_lang,
-                                       length_ratio=True)["length_ratio"]
+        result["length_ratio"] = score(hyps, refs, ("bleu",), tgt_lang, length_ratio=True,
+                                       extra_refs=extra_refs)["length_ratio"]
     return result
 
 

@@ -123,7 +123,13 @@ def _score_lines(translator, sources: list[str], targets: list[str]) -> list[str
 
 def _args_score(p: argparse.ArgumentParser) -> None:
     """The options of ``ranmt score``."""
-    p.add_argument("--ref", required=True, help="reference file")
+    p.add_argument("--ref", required=True, nargs="+",
+                   help="reference file; several: one reference stream each, line by line "
+                        "(multi-reference BLEU / chrF / TER; ROUGE by --rouge-references), "
+                        "length bins on the first")
+    p.add_argument("--rouge-references", choices=("max", "mean"), default="max",
+                   help="with several --ref: a line's ROUGE is the best over its references "
+                        "(max, rouge-score's score_multi) or their mean")
     p.add_argument("--hyp", required=True, action="append",
                    help="hypothesis file; repeat: the first is the baseline")
     metric_options(p)
@@ -144,11 +150,15 @@ def _cmd_score(args) -> None:
     if not 0 < args.alpha < 1:
         raise ValueError(f"--alpha must be in (0, 1), not {args.alpha}")
 
-    refs = read_lines(args.ref)
+    refs, *extra_refs = [read_lines(path) for path in args.ref]
     hyps = [(path, read_lines(path)) for path in args.hyp]
     metrics = chosen_metrics(args)
+    if extra_refs and len(hyps) > 1:
+        raise ValueError("several --ref files with several --hyp files: the paired "
+                         "bootstrap takes one reference for now")
     if len(hyps) == 1:
-        result = score(hyps[0][1], refs, metrics, args.lang, args.compound_split)
+        result = score(hyps[0][1], refs, metrics, args.lang, args.compound_split,
+                       extra_refs=extra_refs, rouge_rule=args.rouge_references)
         if args.src:
             sources = read_lines(args.src)
             edges = tuple(args.length_edges)

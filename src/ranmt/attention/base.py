@@ -333,7 +333,8 @@ def memory_heads(x: Tensor, heads: int) -> Tensor:
     once and read by every decoding step. :func:`split_heads`' transposed view would be
     copied by every step's matrix product instead (its (B, H) dimensions do not fold into
     one batch dimension): a whole key or value tensor per layer and step, 4-7% of a greedy
-    batch's decoding time (32 sentences, one thread; ``benchmarks/cross_memory_layout.py``)."""
+    batch's decoding time (32 sentences, one thread; docs/PERFORMANCE.md, measured with the
+    since retired ``benchmarks/cross_memory_layout.py``)."""
     return split_heads(x, heads).contiguous()
 
 

@@ -71,3 +71,54 @@ def test_ranmt_score_with_three_references(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["score", "--ref", *map(str, paths), "--hyp", str(hyp), "--hyp", str(hyp)])
     assert "paired bootstrap takes one reference" in capsys.readouterr().err
+
+
+def test_a_grid_cell_scores_every_reference_its_prepared_data_holds(tmp_path):
+    """The grid's side: a test prefix's PREFIX.TGT2 / .TGT3 are copied beside the prepared
+    references (checked line for line), and a cell's decoding scores all of them by its
+    dataset's rule."""
+    from types import SimpleNamespace
+
+    from ranmt.config import ConfigError
+    from ranmt.data.corpus import extra_references
+    from ranmt.experiment.cells import decode_tests
+    from ranmt.experiment.preparation import copy_extra_references
+
+    prepared, corpus = tmp_path / "data", tmp_path / "corpus"
+    prepared.mkdir()
+    corpus.mkdir()
+    (prepared / "meta.json").write_text(json.dumps({"tgt_lang": "summary"}))
+    (prepared / "test.src.txt").write_text("\n".join(f"dialogue {i}" for i in range(3)) + "\n")
+    (prepared / "test.tgt.txt").write_text("\n".join(REFS[0]) + "\n")
+    for number in (2, 3):
+        (corpus / f"test.summary{number}").write_text("\n".join(REFS[number - 1]) + "\n")
+    copy_extra_references(prepared, {"test": str(corpus / "test")}, "summary", lambda _m: None)
+    assert extra_references(prepared, "test") == REFS[1:]
+    (corpus / "short.summary2").write_text("one line\n")
+    (prepared / "short.tgt.txt").write_text("a\nb\n")
+    with pytest.raises(ConfigError, match="1 lines, the test set short has 2"):
+        copy_extra_references(prepared, {"short": str(corpus / "short")}, "summary",
+                              lambda _m: None)
+    dataset = SimpleNamespace(tests={"test": "test"}, task="summarization",
+                              rouge_references="mean")
+    cell = SimpleNamespace(dataset=dataset, dir=tmp_path)
+    translator = SimpleNamespace(translate=lambda sources: list(HYPS),
+                                 tgt_vocab=SimpleNamespace(encode=lambda hyps: [[1]] * 3))
+    got = decode_tests(cell, prepared, translator)["test"]
+    want = score(HYPS, REFS[0], ("rouge1", "rouge2", "rougeL"), extra_refs=REFS[1:],
+                 rouge_rule="mean")
+    assert {k: got[k] for k in ("rouge1", "rougeL")} == {k: want[k] for k in ("rouge1", "rougeL")}
+    assert got["signature"]["rouge1"].endswith("|nrefs:3|refs:mean")
+
+
+def test_a_grid_names_its_multi_reference_rule_or_is_refused(tmp_path):
+    from ranmt.config import ConfigError
+    from ranmt.experiment.loading import load_experiment
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: g\nbase_config: null\nseeds: [1]\nbaseline: A\n"
+                    "datasets:\n  - {name: d, src: dialogue, tgt: summary, train: t, valid: v,"
+                    " tests: {test: x}, task: summarization, rouge_references: min}\n"
+                    "variants:\n  - {name: A, overrides: {}}\n")
+    with pytest.raises(ConfigError, match="rouge_references must be one of max, mean"):
+        load_experiment(grid)

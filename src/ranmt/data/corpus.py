@@ -201,6 +201,16 @@ def raw_text(data_dir: str | Path, split: str, side: str) -> list[str]:
     return read_lines(Path(data_dir) / f"{split}.{side}.txt")
 
 
+def extra_references(data_dir: str | Path, split: str) -> list[list[str]]:
+    """A test split's further reference streams (``SPLIT.tgt2.txt``, ``SPLIT.tgt3.txt``,
+    ...; none for most corpora), line by line with ``SPLIT.tgt.txt``."""
+    streams, number = [], 2
+    while (Path(data_dir) / f"{split}.tgt{number}.txt").is_file():
+        streams.append(raw_text(data_dir, split, f"tgt{number}"))
+        number += 1
+    return streams
+
+
 def prepare(src: str, tgt: str, train: str | Sequence[str], valid: str, out: str | Path,
             tests: dict[str, str] | None = None, vocab_size: int = 8000, joint: bool = True,
             model_type: str = "bpe", max_positions: int = 256, errors: str = "strict",

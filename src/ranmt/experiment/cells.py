@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ranmt.config import decode_with, to_dict
-from ranmt.data.corpus import load_meta, raw_text
+from ranmt.data.corpus import extra_references, load_meta, raw_text
 from ranmt.data.text import write_lines
 from ranmt.evaluate import TASK_METRICS, score
 from ranmt.experiment.spec import LOAD_OPTIONS, SWEEP_KEY, Cell
@@ -74,7 +74,9 @@ def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
         seconds = time.perf_counter() - start
         hyp_path = cell.dir / (f"{test}.hyp" if name is None else f"{test}.{name}.hyp")
         write_lines(hyp_path, hyps)
-        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""))
+        result = score(hyps, refs, metrics, meta.get("tgt_lang", ""),
+                       extra_refs=extra_references(data_dir, test),
+                       rouge_rule=cell.dataset.rouge_references)
         target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
         result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
                        "sentences_per_s": len(hyps) / seconds,

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from ranmt.config import ConfigError, DecodeConfig, decode_with
+from ranmt.evaluate import ROUGE_REFERENCE_RULES
 from ranmt.experiment.spec import (
     LOAD_OPTIONS,
     SWEEP_KEY,
@@ -60,6 +61,9 @@ def load_experiment(path: str | Path) -> Experiment:
             datasets.append(Dataset(tests=dict(tests), **entry))
         except TypeError as err:
             raise ConfigError(f"{path}: dataset entry {entry.get('name')}: {err}") from None
+        if datasets[-1].rouge_references not in ROUGE_REFERENCE_RULES:
+            raise ConfigError(f"{path}: dataset {datasets[-1].name}: rouge_references must be "
+                              f"one of {', '.join(ROUGE_REFERENCE_RULES)}")
     names = [v.get("name") if isinstance(v, dict) else None for v in raw["variants"]]
     if len(set(names)) != len(names) or None in names:
         raise ConfigError(f"{path}: every variant needs a unique name")

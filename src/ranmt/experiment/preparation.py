@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 from ranmt.config import ConfigError
-from ranmt.data.corpus import add_test_splits, load_meta, prepare, save_meta
+from ranmt.data.corpus import add_test_splits, load_meta, prepare, raw_text, save_meta
 from ranmt.data.dialogsum import download_dialogsum
 from ranmt.data.download import download_multi30k
+from ranmt.data.stream import resolve
+from ranmt.data.text import read_lines, write_lines
 from ranmt.data.wmt import available as available_wmt
 from ranmt.data.wmt import download_wmt
 from ranmt.experiment.locks import claim, release
@@ -40,7 +42,25 @@ def prepare_dataset(dataset: Dataset, root: Path, log, experiment: Experiment | 
     prepare(dataset.src, dataset.tgt, train_prefix, valid_prefix, prepared, tests,
             dataset.vocab_size, dataset.joint, dataset.model_type, dataset.max_positions,
             log=log)
+    copy_extra_references(prepared, tests, dataset.tgt, log)
     return prepared
+
+
+def copy_extra_references(prepared: Path, tests: dict[str, str], tgt: str, log) -> None:
+    """Each test set's further references (``PREFIX.TGT2``, ``PREFIX.TGT3``, ...) into the
+    prepared data as ``TEST.tgt2.txt``, ... (``corpus.extra_references``), checked line
+    for line against the prepared references."""
+    for test, prefix in tests.items():
+        lines = len(raw_text(prepared, test, "tgt"))
+        number = 2
+        while resolve(f"{prefix}.{tgt}{number}").is_file():
+            stream = read_lines(resolve(f"{prefix}.{tgt}{number}"))
+            if len(stream) != lines:
+                raise ConfigError(f"{prefix}.{tgt}{number}: {len(stream)} lines, the test set "
+                                  f"{test} has {lines}")
+            write_lines(prepared / f"{test}.tgt{number}.txt", stream)
+            log(f"{test}: reference {number} from {prefix}.{tgt}{number}")
+            number += 1
 
 
 def _corpus_prefixes(dataset: Dataset, root: Path, log) -> tuple[str | list[str], str,

@@ -32,6 +32,10 @@ class Dataset:
     model_type: str = "bpe"
     max_positions: int = 256
     task: str = "translation"
+    rouge_references: str = "max"
+    """Test sets with several references (``PREFIX.TGT2``, ``PREFIX.TGT3``, ... beside
+    ``PREFIX.TGT``, e.g. DialogSum's): a line's ROUGE is the best over them (max,
+    rouge-score's ``score_multi``) or their mean; BLEU / chrF / TER take them all."""
     distill: dict | None = None
     """A distilled dataset: ``{teacher: {dataset, variant, seed}, decode: {...},
     chunk_lines, max_ratio, max_repeats}`` — the teacher cell's translations of its

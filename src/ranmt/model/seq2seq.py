@@ -87,6 +87,16 @@ class Decoder(nn.Module):
                 break
         return self_state, cross_state
 
+    def _float_rows(self, vocabulary: Tensor) -> tuple[Tensor, Tensor | None] | None:
+        """(weight (V', d), bias (V',) or None) of a tied or linear output layer at the ids
+        ``vocabulary``; None for another kind of layer."""
+        if self.output is not None and not isinstance(self.output, nn.Linear):
+            return None
+        source = self.embedder.tokens if self.output is None else self.output
+        bias = getattr(source, "bias", None)
+        return (source.weight.index_select(0, vocabulary),
+                None if bias is None else bias.index_select(0, vocabulary))
+
     def restricted_output(self, vocabulary: Tensor) -> Callable[[Tensor], Tensor]:
         """The output layer restricted to the target ids ``vocabulary`` (V',): a function
         (..., d) -> logits (..., V') equal to the full layer's logits at those ids. Its
@@ -95,11 +105,9 @@ class Decoder(nn.Module):
         whose rows keep their int8 values and scale, so the logits are the full int8
         layer's exactly); another kind of output layer computes the full product and
         slices it."""
-        if self.output is None or isinstance(self.output, nn.Linear):  # tied, or a linear
-            source = self.embedder.tokens if self.output is None else self.output
-            weight = source.weight.index_select(0, vocabulary)
-            bias = getattr(source, "bias", None)
-            bias = None if bias is None else bias.index_select(0, vocabulary)
+        rows = self._float_rows(vocabulary)
+        if rows is not None:  # tied, or a linear
+            weight, bias = rows
             packed: dict = {}
             if self.training:
                 return lambda x: F.linear(x, weight, bias)
@@ -114,20 +122,20 @@ class Decoder(nn.Module):
         """The output layer at the ids ``vocabulary`` (V',) whose last ``blocked`` entries
         are padding (logits -inf), as plain tensors for a compiled step: float rows (tied
         or linear) or an int8 layer's rows and scales (traced as ``torch._int_mm``)."""
-        bias = None
-        if self.output is None or isinstance(self.output, nn.Linear):
-            source = self.embedder.tokens if self.output is None else self.output
-            weight, weight_scale = source.weight.detach().index_select(0, vocabulary), None
-            bias = getattr(source, "bias", None)
+        rows = self._float_rows(vocabulary)
+        if rows is not None:
+            (weight, bias), weight_scale = rows, None
+            weight = weight.detach()
         elif hasattr(self.output, "weight_t"):  # ranmt.inference.quantize.Int8Linear
             weight = self.output.weight_t.index_select(1, vocabulary)  # (d, V') int8
             weight_scale = self.output.weight_scale.index_select(0, vocabulary)
             bias = self.output.bias
+            bias = None if bias is None else bias.index_select(0, vocabulary)
         else:
             raise ValueError(f"a compiled shortlist cannot restrict a "
                              f"{type(self.output).__name__} output layer")
         bias = (torch.zeros(len(vocabulary), device=vocabulary.device) if bias is None
-                else bias.detach().float().index_select(0, vocabulary))
+                else bias.detach().float())
         bias[len(vocabulary) - blocked:] = float("-inf")
         return RestrictedProjection(weight, weight_scale, bias)
 

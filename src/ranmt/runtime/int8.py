@@ -15,7 +15,7 @@ def int8_product(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Te
     """x (..., in) float -> (..., out): per-row symmetric int8 activations times the int8
     weight ``weight_t`` (in, out) with its per-column scales, accumulated in int32."""
     rows = x.reshape(-1, x.shape[-1]).float()
-    if rows.shape[0] == 0:
+    if rows.shape[0] == 0:  # an empty batch: no product to run
         out = rows.new_zeros(0, weight_t.shape[1])
     else:
         row_scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127  # (N, 1)
@@ -23,6 +23,4 @@ def int8_product(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Te
         product = torch._int_mm(quantized, weight_t).float()  # (N, out) int32 -> float
         out = (product * (row_scale * weight_scale) if bias is None
                else torch.addcmul(bias, product, row_scale * weight_scale))
-    if rows.shape[0] == 0 and bias is not None:
-        out = out + bias
     return out.reshape(*x.shape[:-1], weight_t.shape[1]).to(x.dtype)

@@ -323,7 +323,7 @@ def test_search_runs_the_documented_implementation_with_every_option(monkeypatch
              (dict(beam=1, sync_free=True, check_every=3), "run_search",
               {"static": True, "check_every": 3}),
              (dict(beam=3, cuda_graphs=True), "run_search",
-              {"static": True, "check_every": 8})]
+              {"static": True, "check_every": None})]  # run_search: 8 on CUDA, else 1
     for args, name, forwarded in cases:
         calls.clear()
         results = decode.search(model, src, prefix=prefix, **args)
@@ -336,6 +336,34 @@ def test_search_runs_the_documented_implementation_with_every_option(monkeypatch
         assert options.cuda_graphs == args.get("cuda_graphs", False)
         assert [len(hyps) for hyps in results] == [1, 1]  # nbest 1 by default
         assert [hyps[0][0][:1] for hyps in results] == [[5], [7]]
+
+
+def test_on_a_cpu_the_sync_free_search_stops_at_the_step_after_the_last_eos(monkeypatch):
+    """By default the sync-free search reads whether every sentence is done after each
+    step on a CPU (a read costs nothing there): it decodes exactly as many steps as the
+    shrinking search, where every 8th step would waste up to 7; on CUDA it reads every 8."""
+    model, _ = tiny_model(seed=1)
+    src, _ = random_batch(batch=3, seed=1)
+    steps = []
+    plain = model.decode_step
+
+    def ending_at_step_10(prev, cache):  # every row writes EOS at its 11th step
+        logprobs = plain(prev, cache)
+        steps.append(len(prev))
+        if len(steps) % 11 == 0:
+            logprobs[:, EOS_ID] = 0.0
+        return logprobs
+
+    monkeypatch.setattr(model, "decode_step", ending_at_step_10)
+    shrinking = search(model, src, beam=1, max_len_a=0.0, max_len_b=30)
+    longest = max(len(hyps[0][0]) for hyps in shrinking)
+    assert len(steps) == longest + 1 == 11
+    steps.clear()
+    assert search(model, src, beam=1, sync_free=True, max_len_a=0.0, max_len_b=30) == shrinking
+    assert len(steps) == longest + 1
+    steps.clear()
+    search(model, src, beam=1, sync_free=True, max_len_a=0.0, max_len_b=30, check_every=8)
+    assert len(steps) == 16
 
 
 def test_graphs_go_only_with_the_sync_free_search():

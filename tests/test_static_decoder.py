@@ -123,6 +123,39 @@ def test_a_step_that_changes_a_cached_shape_is_refused():
             decoder.decode(torch.ones(2, 1, dtype=torch.long))
 
 
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_growing_span_widens_before_the_step_that_needs_it(beam):
+    """``StaticDecoder(grow=8)`` (a compiled step's): the span starts at 8 slots and
+    ``reach`` widens it (and the self-attention histories, keeping the slots they had past
+    the old span) to the next multiple of 8, at most the capacity; the search over it gives
+    the fixed-span search's log-probs at every step."""
+    model = _model("dot", "dot", 0)
+    src, _ = random_batch(batch=2, src_len=5)
+    rows = 2 * beam
+    order = torch.arange(rows)
+    decoders = []
+    for grow in (0, 8):
+        memory, pad_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, pad_mask, group=beam, capacity=20)
+        decoders.append(graphs.StaticDecoder(model, cache, rows, 20, src.device, pin=False,
+                                             grow=grow))
+    fixed, growing = decoders
+    assert (fixed.span, growing.span) == (20, 8)
+    prev = torch.full((rows, 1), 5, dtype=torch.long)
+    with torch.inference_mode():
+        for steps in range(1, 20):
+            growing.reach(steps)
+            assert growing.span == min(20, -(-steps // 8) * 8)
+            want, got = fixed.decode(prev), growing.decode(prev)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            if beam > 1:
+                fixed.reorder(order)
+                growing.reorder(order)
+            history = growing.cache.members[0].layers[0].self_attention.k
+            assert history.shape[2] == growing.span + 8  # within groups: shapes kept
+            prev = want.argmax(-1, keepdim=True)
+
+
 def test_the_cuda_graphs_option_reaches_the_search(translators, monkeypatch):
     """``decode.cuda_graphs`` (``--cuda-graphs``): the translator's search runs through the
     static decoder and translates as without it."""

@@ -294,17 +294,21 @@ def _append_at_positions(cache: AttentionCache, name: str, step_values: Tensor) 
     positions, span = cache.positions, cache.span
     batch, heads, _, dim = step_values.shape
     current = cache.history(name)
-    if current is None or current.shape[2] < span:
-        length = span + 8
-        grown = step_values.new_zeros(batch, heads, length, dim)
-        if current is not None:
-            grown[:, :, : current.shape[2]] = current
-        current = grown
+    if current is None:
+        current = step_values.new_zeros(batch, heads, span + 8, dim)
+    elif current.shape[2] < span:
+        current = widened_history(current, span + 8)
     elif current.shape[2] > span + 16:  # the longest rows left: later copies take less
         current = current[:, :, : span + 8].contiguous()
     current[torch.arange(batch, device=positions.device), :, positions] = step_values[:, :, 0]
     cache.set_history(name, current)
     return current
+
+
+def widened_history(history: Tensor, length: int) -> Tensor:
+    """A history (B, H, L, d) of rows at their own positions widened to ``length`` >= L
+    slots, zeros after its own (finite; every variant masks slots past a row's position)."""
+    return torch.nn.functional.pad(history, (0, 0, 0, length - history.shape[2]))
 
 
 def rows_allowed(cache: AttentionCache, length: int) -> Tensor:

@@ -98,10 +98,15 @@ class _Decoder:
     or a :class:`StaticDecoder` (fixed addresses, for a recorded step)."""
 
     def __init__(self, model, cache, rows: int, capacity: int, device, static: bool,
-                 fixed_addresses: bool, pin: bool = True):
+                 fixed_addresses: bool, pin: bool = True, grow: int = 0):
         self.model, self.cache, self.static = model, cache, static
-        self.fixed = StaticDecoder(model, cache, rows, capacity, device, pin) \
+        self.fixed = StaticDecoder(model, cache, rows, capacity, device, pin, grow) \
             if fixed_addresses else None
+
+    def reach(self, steps: int) -> None:
+        """Before a step at position ``steps - 1``: a growing span widened to it."""
+        if self.fixed is not None:
+            self.fixed.reach(steps)
 
     def decode(self, prev: Tensor) -> Tensor:
         if self.fixed is not None:
@@ -275,7 +280,7 @@ class _BeamState:
 def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
                greedy: bool | None = None, static: bool = False, limit: int | None = None,
                fixed_length: int | None = None, prefix: Tensor | None = None, pick=None,
-               check_every: int = 8, **overrides) -> list[list[tuple[list[int], float]]]:
+               check_every: int | None = None, **overrides) -> list[list[tuple[list[int], float]]]:
     """The search loop: src (B, S) -> per sentence its hypotheses ``(tokens, score)``, best
     first (greedy: one, with its summed log-probability; beam: the ``nbest`` best, scores
     length-normalised).
@@ -285,8 +290,10 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     default when ``beam == 1``; ``pick`` (log-probs (n, V) -> (scores (n,), tokens (n,)))
     replaces its arg-max: a sampler) or beam. ``static``: the sync-free form (rows stay in
     the batch, masks instead of selections, whether all are done read every
-    ``check_every`` steps); with the options' ``cuda_graphs`` its whole step is recorded
-    once as a CUDA graph and replayed (on CUDA; ``ranmt.inference.graphs``)."""
+    ``check_every`` steps: by default 8 on CUDA, whose queue of steps a host read drains,
+    and 1 elsewhere, where it costs nothing and saves the steps after the last EOS); with
+    the options' ``cuda_graphs`` its whole step is recorded once as a CUDA graph and
+    replayed (on CUDA; ``ranmt.inference.graphs``)."""
     options = search_options(options, overrides)
     greedy = options.beam == 1 if greedy is None else greedy
     graphs = static and options.cuda_graphs
@@ -294,6 +301,8 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     if compiled and not static:
         raise ValueError("compile_step compiles the sync-free search's step: not with the "
                          "shrinking search")
+    if check_every is None:  # a host read costs a GPU its queue of steps, a CPU nothing
+        check_every = 8 if src.device.type == "cuda" else 1
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1 (steps between checks whether every "
                          f"sentence is done), not {check_every}")
@@ -308,7 +317,8 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group,
                                    bucket)
     decoder = _Decoder(model, cache, batch * group, capacity, device, static,
-                       graphs or compiled, pin=not compiled)
+                       graphs or compiled, pin=not compiled,
+                       grow=CompiledStep.GROW if compiled else 0)
     row_caps, row_prefix = caps, prefix
     if group > 1:  # a sentence's beam rows share its limit and prefix (sentence-major)
         row_caps = caps.repeat_interleave(group)
@@ -325,6 +335,7 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
 
     run = CompiledStep(one_step) if compiled else RecordedStep(one_step, device, graphs)
     for index in range(capacity):
+        decoder.reach(index + 1)
         run()
         if state.done(index, check_every):
             break
@@ -356,8 +367,8 @@ def beam_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None
 
 def greedy_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
                             *, limit: int | None = None, fixed_length: int | None = None,
-                            prefix: Tensor | None = None, check_every: int = 8, **overrides
-                            ) -> list[list[tuple[list[int], float]]]:
+                            prefix: Tensor | None = None, check_every: int | None = None,
+                            **overrides) -> list[list[tuple[list[int], float]]]:
     """:func:`greedy_search`'s output without a host sync inside a step: the static form of
     :func:`run_search` (whether all have finished read once every ``check_every`` steps;
     with the options' ``cuda_graphs`` the step is replayed as a CUDA graph on CUDA)."""
@@ -368,8 +379,8 @@ def greedy_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig |
 
 def beam_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
                           *, limit: int | None = None, fixed_length: int | None = None,
-                          prefix: Tensor | None = None, check_every: int = 8, **overrides
-                          ) -> list[list[tuple[list[int], float]]]:
+                          prefix: Tensor | None = None, check_every: int | None = None,
+                          **overrides) -> list[list[tuple[list[int], float]]]:
     """:func:`beam_search`'s hypotheses and scores without a host sync inside a step: the
     static form of :func:`run_search` (at most ``check_every - 1`` wasted steps at the end;
     with the options' ``cuda_graphs`` the whole step (decoder at fixed addresses, selection,
@@ -382,7 +393,7 @@ def beam_search_sync_free(model: Seq2Seq, src: Tensor, options: DecodeConfig | N
 def search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None, *,
            fixed_length: int | None = None, reference: bool = False,
            prefix: Tensor | None = None, sync_free: bool | None = None,
-           check_every: int = 8, **overrides) -> list[list[tuple[list[int], float]]]:
+           check_every: int | None = None, **overrides) -> list[list[tuple[list[int], float]]]:
     """Greedy search for ``beam == 1``, beam search otherwise, with the decoding ``options``
     (a :class:`ranmt.config.DecodeConfig`; its declared defaults when None) and keyword
     ``overrides`` of its fields (``beam=4, lenpen=0.6``: checked as the config checks them).

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from ranmt.attention.base import widened_history
 from ranmt.attention.cache import AttentionCache, DecoderCache, EnsembleCache
 
 WARMUP_STEPS = 2
@@ -67,14 +68,42 @@ class StaticDecoder:
 
     The cache is switched to per-row positions (all rows at the same position, advanced
     in place) with a span of ``capacity``: a row attends over every slot of its history,
-    those after its position masked, so that every step has the same shapes."""
+    those after its position masked, so that every step has the same shapes.
+
+    With ``grow`` (a compiled step, which needs equal shapes only between the calls that
+    share a graph) the span starts at ``grow`` slots and :meth:`reach` widens it by
+    ``grow`` at a time before the step that needs it: a few graphs (one per span) instead
+    of one, but a step at position t attends over fewer than t + ``grow`` + 8 slots instead
+    of the whole capacity."""
 
     def __init__(self, model, cache: DecoderCache | EnsembleCache, rows: int, capacity: int,
-                 device: torch.device, pin: bool = True):
+                 device: torch.device, pin: bool = True, grow: int = 0):
         self.model, self.cache, self.pin = model, cache, pin
+        self.capacity, self.grow = capacity, grow
+        self.span = min(capacity, grow) if grow else capacity
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)  # (N,)
         for member in cache.members:
-            member.positions, member.span = self.positions, capacity
+            member.positions, member.span = self.positions, self.span
+
+    def reach(self, steps: int) -> None:
+        """Before the step at position ``steps - 1``: with ``grow``, widen the span to
+        ``steps`` rounded up to a multiple of ``grow`` (at most the capacity) and every
+        self-attention history with it, each keeping the slots it had past the old span
+        (so that the steps after share the graph of the first at this span). Outside the
+        compiled step, so that the widening is not a graph of its own."""
+        if not self.grow or steps <= self.span:
+            return
+        span = min(self.capacity, -(-steps // self.grow) * self.grow)
+        for member in self.cache.members:
+            member.span = span
+            for layer in member.layers:
+                part = layer.self_attention
+                for name in ("k", "v"):
+                    history = part.history(name)
+                    if history is not None:  # L - old span: the 8 spare slots
+                        slack = history.shape[2] - self.span
+                        part.set_history(name, widened_history(history, span + slack))
+        self.span = span
 
     def decode(self, prev: Tensor) -> Tensor:
         """prev (N, 1) -> log-probs (N, V) float32; the positions advance by one."""
@@ -174,17 +203,34 @@ class CompiledStep:
     """Batch shapes (rows, source length, cache capacity) one process may compile: Dynamo's
     default limit (8) would end a long file's translation with an error at its ninth."""
 
+    GROW = 16
+    """Slots a compiled search's span widens by (:meth:`StaticDecoder.reach`): a graph per
+    span (capacity / GROW of them) for attending over at most GROW + 8 unwritten slots."""
+
     BUCKET = 8
     """Source lengths and cache capacities a compiled search rounds up to a multiple of
     (padding columns, masked; unused cache slots): a file's batches then share a few
     shapes instead of one each (``run_search``)."""
 
+    _runner: Callable[[Callable[[], None]], None] | None = None
+    """``_run_body`` through torch.compile, made once a process: wrapping each search's
+    step anew cost 1.8 ms a search (15% of a one-sentence greedy search's time, int8
+    student, Zen 4); dynamo inlines the body it is given and guards on its code and what
+    it reads, as it did on a body compiled alone."""
+
     def __init__(self, body: Callable[[], None]):
-        # freezing: the weights are constants of the graph (folded, packed for oneDNN)
-        self.body = torch.compile(body, fullgraph=True, dynamic=False,
-                                  options={"freezing": True})
+        self.body = body
+        if CompiledStep._runner is None:
+            # freezing: the weights are constants of the graph (folded, packed for oneDNN)
+            CompiledStep._runner = torch.compile(_run_body, fullgraph=True, dynamic=False,
+                                                 options={"freezing": True})
 
     def __call__(self) -> None:
         with torch._dynamo.config.patch(recompile_limit=self.SHAPES,
                                         accumulated_recompile_limit=4 * self.SHAPES):
-            self.body()
+            CompiledStep._runner(self.body)
+
+
+def _run_body(body: Callable[[], None]) -> None:
+    """What :class:`CompiledStep` compiles: one search step."""
+    body()

@@ -79,13 +79,14 @@ def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfi
 
 
 def _start(model: Seq2Seq, src: Tensor, options: DecodeConfig, limit: int | None,
-           fixed_length: int | None, prefix: Tensor | None, group: int = 1, bucket: int = 1
-           ) -> tuple[Tensor, int, dict]:
-    """Encode src (B, S) for a static-cache search: (output length limits (B,), the cache
-    capacity (the longest limit + 1, rounded up to a multiple of ``bucket`` within the
-    model's positions), the decoder cache for ``group`` rows a sentence)."""
+           fixed_length: int | None, prefix: Tensor | None, group: int = 1, bucket: int = 1,
+           compiled: bool = False) -> tuple[Tensor, int, dict]:
+    """Encode src (B, S) for a static-cache search (``compiled``: through
+    :meth:`CompiledStep.encode`): (output length limits (B,), the cache capacity (the
+    longest limit + 1, rounded up to a multiple of ``bucket`` within the model's
+    positions), the decoder cache for ``group`` rows a sentence)."""
     limit = model.config.max_positions - 1 if limit is None else limit
-    memory, pad_mask, _ = model.encode(src)
+    memory, pad_mask, _ = CompiledStep.encode(model, src) if compiled else model.encode(src)
     caps = output_caps(src, options.max_len_a, options.max_len_b, limit, fixed_length)
     caps = caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
     capacity = min(-(-(int(caps.max()) + 1) // bucket) * bucket, limit + 1)
@@ -315,7 +316,7 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     if bucket > 1 and src.shape[1] % bucket:  # source columns of padding (masked)
         src = F.pad(src, (0, bucket - src.shape[1] % bucket), value=PAD_ID)
     caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group,
-                                   bucket)
+                                   bucket, compiled)
     decoder = _Decoder(model, cache, batch * group, capacity, device, static,
                        graphs or compiled, pin=not compiled,
                        grow=CompiledStep.GROW if compiled else 0)

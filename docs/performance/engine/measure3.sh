@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Issue 99: batch-1 latency with the compiled step (span growth, CPU check every step,
+# compiled encoder), same trained student as measure2.sh.
+set -euo pipefail
+cd /work/main
+RUN=/tmp/stud/out/runs/multi30k-en-de-distilled/Student-TransF/seed1/run
+DATA=/tmp/stud/out/data/multi30k-en-de-distilled
+OUT=docs/performance/engine
+.venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
+  --sentences 100 --batch 1 --beam 1 --threads 1 --int8 --shortlist --compile-step --no-hf \
+  --repeats 3 --out /tmp/peers_b1c --json $OUT/peers_batch1_greedy_t1_real_compiled.json 2> $OUT/peers_batch1_greedy_t1_real_compiled.err | tee $OUT/peers_batch1_greedy_t1_real_compiled.md

@@ -73,6 +73,37 @@ def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam):
     assert counters["stats"]["unique_graphs"] - before == 1 + 1 + 3
 
 
+@pytest.mark.slow
+@pytest.mark.ci
+def test_a_compiled_greedy_search_moves_its_rows_into_smaller_buckets_as_sentences_end(
+        monkeypatch):
+    """Eight sources of 1 to 8 tokens, each stopped by its own limit (its length + 2): as
+    sentences end the compiled search keeps 2, then 1 row (8 / ROWS_SHRINK 4, rounded up,
+    once no more sentences than that are decoding; the decoding ones first) and
+    still gives the eager sync-free search's hypotheses and scores, every sentence's in
+    its place."""
+    from ranmt.inference import graphs
+
+    assert graphs.CompiledStep.ROWS_SHRINK == 4
+    torch._dynamo.reset()
+    model, _ = tiny_model(seed=3)
+    src = torch.zeros(8, 9, dtype=torch.long)
+    for row, length in enumerate((5, 1, 8, 3, 7, 2, 6, 4)):
+        src[row, :length] = _sources(row, batch=1, length=length + 1)[0, 1:]
+        src[row, length] = EOS_ID
+    options = {"beam": 1, "max_len_a": 1.0, "max_len_b": 2}
+    kept = []
+    select = graphs.StaticDecoder.select
+    monkeypatch.setattr(graphs.StaticDecoder, "select",
+                        lambda self, order: kept.append(len(order)) or select(self, order))
+    eager = search(model, src, sync_free=True, **options)
+    compiled = search(model, src, compile_step=True, **options)
+    assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
+    assert [h[0][1] for h in compiled] == pytest.approx([h[0][1] for h in eager], abs=1e-5)
+    assert sorted({len(h[0][0]) for h in eager}) == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert kept == [2, 1]
+
+
 def test_compile_step_is_refused_with_what_it_does_not_go_with():
     with pytest.raises(ConfigError, match="choose one"):
         decode_with(DecodeConfig(), compile_step=True, cuda_graphs=True)

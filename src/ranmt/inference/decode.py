@@ -109,6 +109,14 @@ class _Decoder:
         if self.fixed is not None:
             self.fixed.reach(steps)
 
+    def select(self, rows: Tensor) -> None:
+        """Keep ``rows`` (M,) of a static search of one row a sentence (fewer, outside a
+        step: :meth:`StaticDecoder.select`)."""
+        if self.fixed is not None:
+            self.fixed.select(rows)
+        else:
+            self.model.reorder_cache(self.cache, rows)
+
     def decode(self, prev: Tensor) -> Tensor:
         if self.fixed is not None:
             return self.fixed.decode(prev)
@@ -146,6 +154,7 @@ class _GreedyState:
         self.active = torch.arange(batch, device=device)  # shrinking: sentences decoding
         self.rows, self.over = rows, False
         rows.step = self.step
+        self.kept: tuple[Tensor, Tensor, Tensor] | None = None  # per sentence, once compacted
 
     def advance(self, logprobs: Tensor) -> None:
         """Take one token per row from its (processed) log-probs (n, V)."""
@@ -180,9 +189,41 @@ class _GreedyState:
             return self.over
         return (index + 1) % check_every == 0 and not bool(self.lengths.eq(self.capacity).any())
 
+    def compact(self) -> None:
+        """Static (a compiled step): when the rows still decoding fit in half the rows or
+        fewer, keep the next power of two of rows — those decoding first, then finished
+        ones (which write PAD and add nothing) — so that the step runs a graph of that many
+        rows instead of decoding the finished ones to the end. Reads one count on the host
+        (outside the step; on a CPU free)."""
+        live = self.lengths.eq(self.capacity)  # (n,)
+        count = int(live.sum())
+        size = len(live)
+        while size > 1 and -(-size // CompiledStep.ROWS_SHRINK) >= count:
+            size = -(-size // CompiledStep.ROWS_SHRINK)
+        if count == 0 or size == len(live):
+            return
+        keep = torch.sort(live.to(torch.uint8), descending=True, stable=True).indices[:size]
+        self._store()
+        self.active = self.active.index_select(0, keep)
+        self.tokens, self.lengths, self.scores, self.prev = (
+            t.index_select(0, keep) for t in (self.tokens, self.lengths, self.scores, self.prev))
+        self.rows = self.rows.select(keep)
+        self.decoder.select(keep)
+
+    def _store(self) -> None:
+        """Write the rows' tokens, lengths and scores into their sentences' places (the
+        rows a compaction drops are finished)."""
+        if self.kept is None:
+            self.kept = (self.tokens.clone(), self.lengths.clone(), self.scores.clone())
+        for every, now in zip(self.kept, (self.tokens, self.lengths, self.scores)):
+            every.index_copy_(0, self.active, now)
+
     def results(self) -> list[list[tuple[list[int], float]]]:
-        lengths, scores, tokens = (self.lengths.tolist(), self.scores.tolist(),
-                                   self.tokens.tolist())
+        tokens, lengths, scores = self.tokens, self.lengths, self.scores
+        if self.kept is not None:
+            self._store()
+            tokens, lengths, scores = self.kept
+        lengths, scores, tokens = lengths.tolist(), scores.tolist(), tokens.tolist()
         return [[(tokens[row][: lengths[row]], scores[row])] for row in range(len(lengths))]
 
 
@@ -340,6 +381,8 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
         run()
         if state.done(index, check_every):
             break
+        if compiled and greedy:  # finished rows leave in buckets: a few graphs more
+            state.compact()
     return state.results() if greedy else state.results(options.nbest)
 
 

@@ -119,6 +119,17 @@ class StaticDecoder:
         reorder: the memory side does not move)."""
         self._pinned(lambda: self.model.reorder_cache(self.cache, order, within_groups=True))
 
+    def select(self, order: Tensor) -> None:
+        """Keep rows ``order`` (M,) of every sentence of one row (greedy), fewer than now:
+        a compiled search's rows moved into a smaller row bucket (outside the graph; the
+        memory side and the positions follow). Not at fixed addresses."""
+        if self.pin:
+            raise RuntimeError("rows leave a search replayed at fixed addresses only with it")
+        self.model.reorder_cache(self.cache, order)
+        self.positions = self.positions.index_select(0, order)
+        for member in self.cache.members:
+            member.positions = self.positions
+
     def _pinned(self, run):
         """Run ``run()`` and copy every cache tensor it replaced back into the tensor it
         replaced (same shape), so that the cache keeps its addresses; a tensor that is new
@@ -206,6 +217,10 @@ class CompiledStep:
     GROW = 16
     """Slots a compiled search's span widens by (:meth:`StaticDecoder.reach`): a graph per
     span (capacity / GROW of them) for attending over at most GROW + 8 unwritten slots."""
+
+    ROWS_SHRINK = 4
+    """A compiled greedy search keeps 1/ROWS_SHRINK of its rows (rounded up) once the
+    sentences still decoding fit in them (``_GreedyState.compact``): 32 -> 8 -> 2 -> 1."""
 
     BUCKET = 8
     """Source lengths and cache capacities a compiled search rounds up to a multiple of

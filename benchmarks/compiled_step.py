@@ -18,7 +18,10 @@ script measures how much it does, for trained checkpoints:
 The compiled system is ranmt's ``decode.compile_step`` (``ranmt.inference.graphs.
 CompiledStep``); its int8 layers trace as ``torch._int_mm`` with per-row activation scales
 (``ranmt.inference.quantize``) where the eager systems run fbgemm's kernel with one scale
-per activation tensor. The lexical shortlist is not covered (compile_step refuses it).
+per activation tensor. The lexical shortlist is not covered here (``benchmarks/peers.py
+--compile-step --shortlist`` measures it). The compiled search also compiles the encoder,
+grows its span and, greedy, moves its rows into smaller buckets as sentences end
+(``CompiledStep``'s docstring).
 
 Printed: the one-off compile time, target tokens/s of each system (best of ``--rounds``
 after a warm-up, systems alternating), the ratio to eager shrinking, and how many best

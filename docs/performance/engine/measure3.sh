@@ -9,3 +9,8 @@ OUT=docs/performance/engine
 .venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
   --sentences 100 --batch 1 --beam 1 --threads 1 --int8 --shortlist --compile-step --no-hf \
   --repeats 3 --out /tmp/peers_b1c --json $OUT/peers_batch1_greedy_t1_real_compiled.json 2> $OUT/peers_batch1_greedy_t1_real_compiled.err | tee $OUT/peers_batch1_greedy_t1_real_compiled.md
+# Bergamot's setting, real outputs, with the compiled step's span growth, row buckets and
+# compiled encoder (2026-12-05, later the same day as measure.sh).
+.venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
+  --sentences 320 --batch 32 --beam 1 --threads 1 --int8 --shortlist --compile-step --no-hf \
+  --repeats 3 --out /tmp/peers_bergamot_real2 --json $OUT/peers_bergamot_real_compiled.json 2> $OUT/peers_bergamot_real_compiled.err | tee $OUT/peers_bergamot_real_compiled.md

@@ -197,11 +197,14 @@ class RecordedStep:
 class CompiledStep:
     """Calls ``body`` (a search step that updates its state in place) through
     ``torch.compile`` (inductor with freezing, ``fullgraph``, static shapes):
-    ``decode.compile_step``. Off by default, as measured (greedy, batch 32, 1 thread,
-    2-core Zen 4; docs/PERFORMANCE.md): at a fixed length fp32 1.02x the shrinking search,
-    int8 1.00-1.28x; on a trained int8 student's real outputs 0.85-0.94x (the static
-    search keeps finished rows and attends over the whole capacity), beam 4 / batch 100
-    0.54-0.59x; seconds of compilation per batch shape.
+    ``decode.compile_step``; the encoder too (:meth:`encode`). What keeps the static step
+    near the work of the shrinking one: the span grows by :data:`GROW` slots outside the
+    graph (:meth:`StaticDecoder.reach`), a greedy search's rows leave in buckets
+    (:data:`ROWS_SHRINK`), and a CPU reads "all done?" every step. Off by default, as
+    measured (trained int8 TransF student, real outputs, greedy, 1 thread, 2-core Zen 4;
+    docs/PERFORMANCE.md): batch 1 2.1-2.3x the eager shrinking search, batch 32
+    1.16x; beam 4 / batch 100 0.54-0.59x before the span grew (not measured since; beams
+    keep their finished sentences' rows); a minute or more of compiling per process.
 
     Dynamo caches a compiled graph by the body's code and guards on what it reads (shapes,
     dtypes, the decoder's settings), so a later search with the same batch shape reuses the

@@ -104,6 +104,27 @@ def test_a_compiled_greedy_search_moves_its_rows_into_smaller_buckets_as_sentenc
     assert kept == [2, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.ci
+def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(monkeypatch):
+    """Dynamo refuses a new graph past the recompile limit (with ``fullgraph``, an error):
+    past ``CompiledStep.SHAPES`` a new batch shape decodes eagerly, warned once, with the
+    same hypotheses, instead of failing the request."""
+    from ranmt.inference import graphs
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(graphs.CompiledStep, "SHAPES", 2)
+    monkeypatch.setattr(graphs.CompiledStep, "_warned", False)
+    model, _ = tiny_model(seed=3)
+    options = {"beam": 1, "max_len_a": 1.0, "max_len_b": 3}
+    with pytest.warns(RuntimeWarning, match="decode eagerly"):
+        for rows in (1, 2, 3):
+            src = _sources(rows, batch=rows)
+            got = search(model, src, compile_step=True, **options)
+            want = search(model, src, sync_free=True, **options)
+            assert [h[0][0] for h in got] == [h[0][0] for h in want]
+
+
 def test_compile_step_is_refused_with_what_it_does_not_go_with():
     with pytest.raises(ConfigError, match="choose one"):
         decode_with(DecodeConfig(), compile_step=True, cuda_graphs=True)

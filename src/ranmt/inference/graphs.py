@@ -29,6 +29,7 @@ no cache tensor moving after the warm-up); a ``gpu`` test checks the replay.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -247,8 +248,7 @@ class CompiledStep:
     """``_encode`` through torch.compile, made once a process (:meth:`encode`)."""
 
     def __call__(self) -> None:
-        with self._limits():
-            CompiledStep._runner(self.body)
+        self._run(CompiledStep._runner, _run_body, self.body)
 
     @classmethod
     def encode(cls, model, src: Tensor):
@@ -258,13 +258,27 @@ class CompiledStep:
         if cls._encoder is None:
             cls._encoder = torch.compile(_encode, fullgraph=True, dynamic=False,
                                          options={"freezing": True})
-        with cls._limits():
-            return cls._encoder(model, src)
+        return cls._run(cls._encoder, _encode, model, src)
 
     @classmethod
-    def _limits(cls):
-        return torch._dynamo.config.patch(recompile_limit=cls.SHAPES,
-                                          accumulated_recompile_limit=4 * cls.SHAPES)
+    def _run(cls, compiled: Callable, eager: Callable, *args):
+        """``compiled(*args)``; once this process has compiled :data:`SHAPES` shapes of it
+        (Dynamo then refuses a new one before running anything), ``eager(*args)`` for the
+        new shapes, with one warning: a long-lived server must not fail on its 65th."""
+        limit_hit = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
+        try:
+            with torch._dynamo.config.patch(recompile_limit=cls.SHAPES,
+                                            accumulated_recompile_limit=4 * cls.SHAPES):
+                return compiled(*args)
+        except limit_hit:
+            if not cls._warned:
+                cls._warned = True
+                warnings.warn(f"compile_step: {cls.SHAPES} batch shapes compiled in this "
+                              f"process; new shapes decode eagerly (the compiled ones still "
+                              f"run compiled)", RuntimeWarning, stacklevel=3)
+            return eager(*args)
+
+    _warned = False
 
 
 def _run_body(body: Callable[[], None]) -> None:

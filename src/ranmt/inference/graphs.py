@@ -204,7 +204,7 @@ class CompiledStep:
     (:data:`ROWS_SHRINK`), and a CPU reads "all done?" every step. Off by default, as
     measured (trained int8 TransF student, real outputs, greedy, 1 thread, 2-core Zen 4;
     docs/PERFORMANCE.md): batch 1 2.1-2.3x the eager shrinking search, batch 32
-    1.16x; beam 4 / batch 100 0.54-0.59x before the span grew (not measured since; beams
+    1.16x; beam 4 / batch 100 / 2 threads 0.81x (0.54-0.59x before the span grew; beams
     keep their finished sentences' rows); a minute or more of compiling per process.
 
     Dynamo caches a compiled graph by the body's code and guards on what it reads (shapes,

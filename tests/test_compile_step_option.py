@@ -75,6 +75,39 @@ def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam):
 
 @pytest.mark.slow
 @pytest.mark.ci
+def test_a_compiled_beam_search_moves_whole_sentences_into_smaller_buckets(monkeypatch):
+    """Beam 2, n-best 2, the eight sources of the greedy case below: sentences leave in
+    buckets (2, then 1 sentence: 4, then 2 rows, each sentence's rows together) and every
+    sentence's n-best list is the eager sync-free search's, in its place."""
+    from ranmt.inference import graphs
+
+    torch._dynamo.reset()
+    model, _ = tiny_model(seed=3)
+    src = _eight_sources()
+    options = {"beam": 2, "nbest": 2, "max_len_a": 1.0, "max_len_b": 2}
+    kept = []
+    select = graphs.StaticDecoder.select
+    monkeypatch.setattr(graphs.StaticDecoder, "select",
+                        lambda self, order: kept.append(len(order)) or select(self, order))
+    eager = search(model, src, sync_free=True, **options)
+    compiled = search(model, src, compile_step=True, **options)
+    assert [[t for t, _ in h] for h in compiled] == [[t for t, _ in h] for h in eager]
+    for got, want in zip(compiled, eager):
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+    assert kept == [4, 2]
+
+
+def _eight_sources() -> torch.Tensor:
+    """Eight sources of 1 to 8 tokens (and EOS), padded to 9."""
+    src = torch.zeros(8, 9, dtype=torch.long)
+    for row, length in enumerate((5, 1, 8, 3, 7, 2, 6, 4)):
+        src[row, :length] = _sources(row, batch=1, length=length + 1)[0, 1:]
+        src[row, length] = EOS_ID
+    return src
+
+
+@pytest.mark.slow
+@pytest.mark.ci
 def test_a_compiled_greedy_search_moves_its_rows_into_smaller_buckets_as_sentences_end(
         monkeypatch):
     """Eight sources of 1 to 8 tokens, each stopped by its own limit (its length + 2): as
@@ -87,10 +120,7 @@ def test_a_compiled_greedy_search_moves_its_rows_into_smaller_buckets_as_sentenc
     assert graphs.CompiledStep.ROWS_SHRINK == 4
     torch._dynamo.reset()
     model, _ = tiny_model(seed=3)
-    src = torch.zeros(8, 9, dtype=torch.long)
-    for row, length in enumerate((5, 1, 8, 3, 7, 2, 6, 4)):
-        src[row, :length] = _sources(row, batch=1, length=length + 1)[0, 1:]
-        src[row, length] = EOS_ID
+    src = _eight_sources()
     options = {"beam": 1, "max_len_a": 1.0, "max_len_b": 2}
     kept = []
     select = graphs.StaticDecoder.select

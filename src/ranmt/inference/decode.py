@@ -133,6 +133,20 @@ def _argmax(logprobs: Tensor) -> tuple[Tensor, Tensor]:
     return logprobs.max(dim=-1)
 
 
+def _smaller_bucket(live: Tensor) -> Tensor | None:
+    """A compiled static search's sentences to keep, given which are still decoding
+    ``live`` (B,) bool: once the live ones fit in 1/``CompiledStep.ROWS_SHRINK`` of them
+    (rounded up; again and again), that many sentences — live ones first, then finished
+    ones (which add nothing) — else None (keep all). Reads one count on the host (outside
+    the step; on a CPU free)."""
+    count, size = int(live.sum()), len(live)
+    while size > 1 and -(-size // CompiledStep.ROWS_SHRINK) >= count:
+        size = -(-size // CompiledStep.ROWS_SHRINK)
+    if count == 0 or size == len(live):
+        return None
+    return torch.sort(live.to(torch.uint8), descending=True, stable=True).indices[:size]
+
+
 class _GreedyState:
     """Greedy search (or sampling: another ``pick``) over B sentences, one row each.
 
@@ -190,19 +204,12 @@ class _GreedyState:
         return (index + 1) % check_every == 0 and not bool(self.lengths.eq(self.capacity).any())
 
     def compact(self) -> None:
-        """Static (a compiled step): when the rows still decoding fit in half the rows or
-        fewer, keep the next power of two of rows — those decoding first, then finished
-        ones (which write PAD and add nothing) — so that the step runs a graph of that many
-        rows instead of decoding the finished ones to the end. Reads one count on the host
-        (outside the step; on a CPU free)."""
-        live = self.lengths.eq(self.capacity)  # (n,)
-        count = int(live.sum())
-        size = len(live)
-        while size > 1 and -(-size // CompiledStep.ROWS_SHRINK) >= count:
-            size = -(-size // CompiledStep.ROWS_SHRINK)
-        if count == 0 or size == len(live):
+        """Static (a compiled step): rows into a smaller bucket (:func:`_smaller_bucket`;
+        finished rows kept as filler write PAD), so that the step runs a graph of fewer
+        rows instead of decoding the finished ones to the end."""
+        keep = _smaller_bucket(self.lengths.eq(self.capacity))  # (M,) or None
+        if keep is None:
             return
-        keep = torch.sort(live.to(torch.uint8), descending=True, stable=True).indices[:size]
         self._store()
         self.active = self.active.index_select(0, keep)
         self.tokens, self.lengths, self.scores, self.prev = (
@@ -247,6 +254,8 @@ class _BeamState:
         self.finished = Finished(batch, beam + static, capacity, device)  # static: a spare
         self.beam_scores, self.history, self.prev = first_beams(batch, beam, capacity, device)
         self.rows, self.over = rows, False
+        self.active = torch.arange(batch, device=device)  # rows' sentences (compaction too)
+        self.every: Finished | None = None  # static, compacted: every sentence's hypotheses
         if static:
             self.step = torch.zeros((), dtype=torch.long, device=device)
             self.keep = torch.ones(batch, dtype=torch.bool, device=device)  # not done
@@ -254,7 +263,6 @@ class _BeamState:
             self.step_penalty = penalties(capacity, self.lenpen, self.lenpen_style, device)
         else:
             self.step = 0
-            self.active = torch.arange(batch, device=device)  # sentences still decoding
         rows.step = self.step
 
     def advance(self, logprobs: Tensor) -> None:
@@ -314,8 +322,38 @@ class _BeamState:
             return self.over
         return (index + 1) % check_every == 0 and not bool(self.keep.any())
 
+    def compact(self) -> None:
+        """Static (a compiled step): sentences into a smaller bucket
+        (:func:`_smaller_bucket`; finished ones kept as filler stay done: their beams
+        score -inf), their ``beam`` rows each, so that the step runs a graph of fewer rows
+        instead of carrying the finished sentences to the end."""
+        kept = _smaller_bucket(self.keep)  # (M,) sentences or None
+        if kept is None:
+            return
+        beam = self.beam
+        rows = (kept[:, None] * beam + torch.arange(beam, device=kept.device)).view(-1)
+        self._store()
+        self.finished.select(kept)
+        self.active, self.beam_scores, self.keep = (
+            t.index_select(0, kept) for t in (self.active, self.beam_scores, self.keep))
+        self.first_row = self.first_row[: len(kept)]
+        self.history = self.history.index_select(0, rows)
+        self.prev = self.prev.index_select(0, rows)
+        self.rows = self.rows.select(rows)
+        self.decoder.select(rows)
+
+    def _store(self) -> None:
+        """Write the sentences' finished hypotheses into their places in :attr:`every`."""
+        if self.every is None:
+            batch, slots, capacity = self.finished.tokens.shape
+            self.every = Finished(batch, slots, capacity, self.finished.tokens.device)
+        self.finished.copy_into(self.every, self.active)
+
     def results(self, nbest: int) -> list[list[tuple[list[int], float]]]:
-        return self.finished.nbest(nbest)
+        if self.every is None:
+            return self.finished.nbest(nbest)
+        self._store()
+        return self.every.nbest(nbest)
 
 
 @torch.inference_mode()
@@ -381,7 +419,7 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
         run()
         if state.done(index, check_every):
             break
-        if compiled and greedy:  # finished rows leave in buckets: a few graphs more
+        if compiled:  # finished sentences leave in buckets: a few graphs more
             state.compact()
     return state.results() if greedy else state.results(options.nbest)
 

@@ -121,9 +121,10 @@ class StaticDecoder:
         self._pinned(lambda: self.model.reorder_cache(self.cache, order, within_groups=True))
 
     def select(self, order: Tensor) -> None:
-        """Keep rows ``order`` (M,) of every sentence of one row (greedy), fewer than now:
-        a compiled search's rows moved into a smaller row bucket (outside the graph; the
-        memory side and the positions follow). Not at fixed addresses."""
+        """Keep rows ``order`` (M,), fewer than now, whole sentences (a beam search's
+        groups of rows kept together): a compiled search's rows moved into a smaller row
+        bucket (outside the graph; the memory side and the positions follow). Not at fixed
+        addresses."""
         if self.pin:
             raise RuntimeError("rows leave a search replayed at fixed addresses only with it")
         self.model.reorder_cache(self.cache, order)
@@ -204,8 +205,8 @@ class CompiledStep:
     (:data:`ROWS_SHRINK`), and a CPU reads "all done?" every step. Off by default, as
     measured (trained int8 TransF student, real outputs, greedy, 1 thread, 2-core Zen 4;
     docs/PERFORMANCE.md): batch 1 2.1-2.3x the eager shrinking search, batch 32
-    1.16x; beam 4 / batch 100 / 2 threads 0.81x (0.54-0.59x before the span grew; beams
-    keep their finished sentences' rows); a minute or more of compiling per process.
+    1.16x; beam 4 / batch 100 / 2 threads 0.98x (0.54-0.59x before the span grew and the
+    rows left in buckets); a minute or more of compiling per process.
 
     Dynamo caches a compiled graph by the body's code and guards on what it reads (shapes,
     dtypes, the decoder's settings), so a later search with the same batch shape reuses the
@@ -223,8 +224,8 @@ class CompiledStep:
     span (capacity / GROW of them) for attending over at most GROW + 8 unwritten slots."""
 
     ROWS_SHRINK = 4
-    """A compiled greedy search keeps 1/ROWS_SHRINK of its rows (rounded up) once the
-    sentences still decoding fit in them (``_GreedyState.compact``): 32 -> 8 -> 2 -> 1."""
+    """A compiled search keeps 1/ROWS_SHRINK of its sentences (rounded up) once those
+    still decoding fit in them (``decode._smaller_bucket``): 32 -> 8 -> 2 -> 1."""
 
     BUCKET = 8
     """Source lengths and cache capacities a compiled search rounds up to a multiple of

@@ -104,6 +104,20 @@ class Finished:
         self.tokens[sentences, slots, : prefixes.shape[1]] = prefixes
         self.lengths[sentences, slots] = prefixes.shape[1]
 
+    def parts(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(scores, tokens, lengths, counts), each with the sentence dimension first."""
+        return self.scores, self.tokens, self.lengths, self.counts
+
+    def select(self, sentences: Tensor) -> None:
+        """Keep the hypotheses of ``sentences`` (M,) only (a compacted search)."""
+        self.scores, self.tokens, self.lengths, self.counts = (
+            part.index_select(0, sentences) for part in self.parts())
+
+    def copy_into(self, other: Finished, sentences: Tensor) -> None:
+        """Write these sentences' hypotheses into ``other``'s sentences ``sentences`` (M,)."""
+        for mine, theirs in zip(self.parts(), other.parts()):
+            theirs.index_copy_(0, sentences, mine)
+
     def nbest(self, nbest: int) -> list[list[tuple[list[int], float]]]:
         """Per sentence the ``nbest`` best (tokens, score), ties in finishing order."""
         counts, lengths = self.counts.tolist(), self.lengths.tolist()

@@ -73,30 +73,6 @@ def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam):
     assert counters["stats"]["unique_graphs"] - before == 1 + 1 + 3
 
 
-@pytest.mark.slow
-@pytest.mark.ci
-def test_a_compiled_beam_search_moves_whole_sentences_into_smaller_buckets(monkeypatch):
-    """Beam 2, n-best 2, the eight sources of the greedy case below: sentences leave in
-    buckets (2, then 1 sentence: 4, then 2 rows, each sentence's rows together) and every
-    sentence's n-best list is the eager sync-free search's, in its place."""
-    from ranmt.inference import graphs
-
-    torch._dynamo.reset()
-    model, _ = tiny_model(seed=3)
-    src = _eight_sources()
-    options = {"beam": 2, "nbest": 2, "max_len_a": 1.0, "max_len_b": 2}
-    kept = []
-    select = graphs.StaticDecoder.select
-    monkeypatch.setattr(graphs.StaticDecoder, "select",
-                        lambda self, order: kept.append(len(order)) or select(self, order))
-    eager = search(model, src, sync_free=True, **options)
-    compiled = search(model, src, compile_step=True, **options)
-    assert [[t for t, _ in h] for h in compiled] == [[t for t, _ in h] for h in eager]
-    for got, want in zip(compiled, eager):
-        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
-    assert kept == [4, 2]
-
-
 def _eight_sources() -> torch.Tensor:
     """Eight sources of 1 to 8 tokens (and EOS), padded to 9."""
     src = torch.zeros(8, 9, dtype=torch.long)
@@ -108,30 +84,33 @@ def _eight_sources() -> torch.Tensor:
 
 @pytest.mark.slow
 @pytest.mark.ci
-def test_a_compiled_greedy_search_moves_its_rows_into_smaller_buckets_as_sentences_end(
-        monkeypatch):
+@pytest.mark.parametrize("beam, rows_kept", [(1, [2, 1]), (2, [4, 2])])
+def test_a_compiled_search_moves_its_sentences_into_smaller_buckets_as_they_end(
+        beam, rows_kept, monkeypatch):
     """Eight sources of 1 to 8 tokens, each stopped by its own limit (its length + 2): as
-    sentences end the compiled search keeps 2, then 1 row (8 / ROWS_SHRINK 4, rounded up,
-    once no more sentences than that are decoding; the decoding ones first) and
-    still gives the eager sync-free search's hypotheses and scores, every sentence's in
-    its place."""
+    sentences end the compiled search keeps 2, then 1 sentence (8 / ROWS_SHRINK 4, rounded
+    up, once no more than that are decoding; the decoding ones first; a beam search's rows
+    of a sentence together) and still gives the eager sync-free search's n-best lists and
+    scores, every sentence's in its place."""
     from ranmt.inference import graphs
 
     assert graphs.CompiledStep.ROWS_SHRINK == 4
     torch._dynamo.reset()
     model, _ = tiny_model(seed=3)
     src = _eight_sources()
-    options = {"beam": 1, "max_len_a": 1.0, "max_len_b": 2}
+    options = {"beam": beam, "nbest": beam, "max_len_a": 1.0, "max_len_b": 2}
     kept = []
     select = graphs.StaticDecoder.select
     monkeypatch.setattr(graphs.StaticDecoder, "select",
                         lambda self, order: kept.append(len(order)) or select(self, order))
     eager = search(model, src, sync_free=True, **options)
     compiled = search(model, src, compile_step=True, **options)
-    assert [h[0][0] for h in compiled] == [h[0][0] for h in eager]
-    assert [h[0][1] for h in compiled] == pytest.approx([h[0][1] for h in eager], abs=1e-5)
-    assert sorted({len(h[0][0]) for h in eager}) == [3, 4, 5, 6, 7, 8, 9, 10]
-    assert kept == [2, 1]
+    assert [[t for t, _ in h] for h in compiled] == [[t for t, _ in h] for h in eager]
+    for got, want in zip(compiled, eager):
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+    if beam == 1:
+        assert sorted({len(h[0][0]) for h in eager}) == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert kept == rows_kept
 
 
 @pytest.mark.slow

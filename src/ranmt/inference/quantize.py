@@ -89,7 +89,7 @@ class Int8Linear(nn.Module):
         """x (..., in) -> this layer's outputs at ``rows`` (R,) only, from the same int8 rows
         and scales (equal to ``self(x)[..., rows]`` up to float summation order; a lexical
         shortlist's output layer at R/out of the cost)."""
-        weight_t = self.weight_t.index_select(1, rows)
+        weight_t = self.rows_t(rows)
         scale = self.weight_scale.index_select(0, rows)
         bias = None if self.bias is None else self.bias.index_select(0, rows)
         if self._packed is None:
@@ -97,6 +97,14 @@ class Int8Linear(nn.Module):
         packed = _fbgemm_pack(weight_t.t(), scale, bias)
         return lambda x: (torch.ops.quantized.linear_dynamic(x, packed, True)
                           if self._fbgemm() else int8_product(x, weight_t, scale, bias))
+
+    def rows_t(self, rows: torch.Tensor) -> torch.Tensor:
+        """The int8 weight's rows ``rows`` (R,), transposed: (in, R), a view of (R, in) as
+        ``weight_t`` is of (out, in). Gathering whole rows of the stored matrix is a copy
+        of R contiguous runs; ``weight_t.index_select(1, rows)`` gathered it element by
+        element into the transposed layout (1.9 ms of a one-sentence search's 13 ms with a
+        shortlist, student, Zen 4)."""
+        return self.weight_t.t().index_select(0, rows).t()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"

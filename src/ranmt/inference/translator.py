@@ -28,7 +28,7 @@ from ranmt.config import DecodeConfig, decode_with
 from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.vocab import Vocab
 from ranmt.inference.continuous import ContinuousDecoder
-from ranmt.inference.decode import search
+from ranmt.inference.decode import search, search_options
 from ranmt.inference.ensemble import Ensemble
 from ranmt.inference.sampling import Sampler, sample
 from ranmt.inference.scoring import PairScore, align, score_targets, word_alignment
@@ -176,7 +176,7 @@ class Translator:
         ids = self.check_lengths(ids, first_line)
         if prefixes is not None and len(prefixes) != len(ids):
             raise ValueError(f"{len(ids)} inputs but {len(prefixes)} prefixes")
-        d = decode_with(self.decode_config, **decode_overrides)
+        d = search_options(self.decode_config, decode_overrides)  # checked once if unchanged
         results: list = [None] * len(ids)
         nonempty = [i for i, seq in enumerate(ids) if len(seq) > 0]
         for i, seq in enumerate(ids):

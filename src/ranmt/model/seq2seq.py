@@ -127,7 +127,7 @@ class Decoder(nn.Module):
             (weight, bias), weight_scale = rows, None
             weight = weight.detach()
         elif hasattr(self.output, "weight_t"):  # ranmt.inference.quantize.Int8Linear
-            weight = self.output.weight_t.index_select(1, vocabulary)  # (d, V') int8
+            weight = self.output.rows_t(vocabulary)  # (d, V') int8
             weight_scale = self.output.weight_scale.index_select(0, vocabulary)
             bias = self.output.bias
             bias = None if bias is None else bias.index_select(0, vocabulary)

@@ -14,3 +14,7 @@ OUT=docs/performance/engine
 .venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
   --sentences 320 --batch 32 --beam 1 --threads 1 --int8 --shortlist --compile-step --no-hf \
   --repeats 3 --out /tmp/peers_bergamot_real2 --json $OUT/peers_bergamot_real_compiled.json 2> $OUT/peers_bergamot_real_compiled.err | tee $OUT/peers_bergamot_real_compiled.md
+# After Int8Linear.rows_t (the shortlist gather fix), the same batch-1 run again:
+.venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
+  --sentences 100 --batch 1 --beam 1 --threads 1 --int8 --shortlist --compile-step --no-hf \
+  --repeats 3 --out /tmp/peers_b1d --json $OUT/peers_batch1_greedy_t1_real_compiled_rows_t.json 2> $OUT/peers_batch1_greedy_t1_real_compiled_rows_t.err | tee $OUT/peers_batch1_greedy_t1_real_compiled_rows_t.md

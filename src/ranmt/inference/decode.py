@@ -419,8 +419,8 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
         run()
         if state.done(index, check_every):
             break
-        if compiled:  # finished sentences leave in buckets: a few graphs more
-            state.compact()
+        if compiled and (index + 1) % check_every == 0:  # with the done check's host read
+            state.compact()  # (a CPU: every step): finished sentences leave in buckets
     return state.results() if greedy else state.results(options.nbest)
 
 

@@ -133,20 +133,6 @@ def _argmax(logprobs: Tensor) -> tuple[Tensor, Tensor]:
     return logprobs.max(dim=-1)
 
 
-def _smaller_bucket(live: Tensor) -> Tensor | None:
-    """A compiled static search's sentences to keep, given which are still decoding
-    ``live`` (B,) bool: once the live ones fit in 1/``CompiledStep.ROWS_SHRINK`` of them
-    (rounded up; again and again), that many sentences — live ones first, then finished
-    ones (which add nothing) — else None (keep all). Reads one count on the host (outside
-    the step; on a CPU free)."""
-    count, size = int(live.sum()), len(live)
-    while size > 1 and -(-size // CompiledStep.ROWS_SHRINK) >= count:
-        size = -(-size // CompiledStep.ROWS_SHRINK)
-    if count == 0 or size == len(live):
-        return None
-    return torch.sort(live.to(torch.uint8), descending=True, stable=True).indices[:size]
-
-
 class _GreedyState:
     """Greedy search (or sampling: another ``pick``) over B sentences, one row each.
 
@@ -204,10 +190,11 @@ class _GreedyState:
         return (index + 1) % check_every == 0 and not bool(self.lengths.eq(self.capacity).any())
 
     def compact(self) -> None:
-        """Static (a compiled step): rows into a smaller bucket (:func:`_smaller_bucket`;
-        finished rows kept as filler write PAD), so that the step runs a graph of fewer
-        rows instead of decoding the finished ones to the end."""
-        keep = _smaller_bucket(self.lengths.eq(self.capacity))  # (M,) or None
+        """Static (a compiled step): rows into a smaller bucket
+        (:meth:`CompiledStep.smaller_bucket`; finished rows kept as filler write PAD), so
+        that the step runs a graph of fewer rows instead of decoding the finished ones to
+        the end."""
+        keep = CompiledStep.smaller_bucket(self.lengths.eq(self.capacity))  # (M,) or None
         if keep is None:
             return
         self._store()
@@ -324,10 +311,10 @@ class _BeamState:
 
     def compact(self) -> None:
         """Static (a compiled step): sentences into a smaller bucket
-        (:func:`_smaller_bucket`; finished ones kept as filler stay done: their beams
+        (:meth:`CompiledStep.smaller_bucket`; finished ones kept as filler stay done: their beams
         score -inf), their ``beam`` rows each, so that the step runs a graph of fewer rows
         instead of carrying the finished sentences to the end."""
-        kept = _smaller_bucket(self.keep)  # (M,) sentences or None
+        kept = CompiledStep.smaller_bucket(self.keep)  # (M,) sentences or None
         if kept is None:
             return
         beam = self.beam

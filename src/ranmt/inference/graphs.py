@@ -225,7 +225,7 @@ class CompiledStep:
 
     ROWS_SHRINK = 4
     """A compiled search keeps 1/ROWS_SHRINK of its sentences (rounded up) once those
-    still decoding fit in them (``decode._smaller_bucket``): 32 -> 8 -> 2 -> 1."""
+    still decoding fit in them (:meth:`smaller_bucket`): 32 -> 8 -> 2 -> 1."""
 
     BUCKET = 8
     """Source lengths and cache capacities a compiled search rounds up to a multiple of
@@ -250,6 +250,20 @@ class CompiledStep:
 
     def __call__(self) -> None:
         self._run(CompiledStep._runner, _run_body, self.body)
+
+    @staticmethod
+    def smaller_bucket(live: Tensor) -> Tensor | None:
+        """A compiled static search's sentences to keep, given which are still decoding
+        ``live`` (B,) bool: once the live ones fit in 1/``ROWS_SHRINK`` of them (rounded
+        up; again and again), that many sentences -- live ones first, then finished ones
+        (which add nothing) -- else None (keep all). Reads one count on the host (outside
+        the step; on a CPU free)."""
+        count, size = int(live.sum()), len(live)
+        while size > 1 and -(-size // CompiledStep.ROWS_SHRINK) >= count:
+            size = -(-size // CompiledStep.ROWS_SHRINK)
+        if count == 0 or size == len(live):
+            return None
+        return torch.sort(live.to(torch.uint8), descending=True, stable=True).indices[:size]
 
     @classmethod
     def encode(cls, model, src: Tensor):

@@ -1,0 +1,49 @@
+"""``decode.compile_step`` for every registered decoder self- and cross-attention (issue
+99: every search equals its oracle for every decoder variant): Dynamo traces the encoder
+and the whole search step (the decoder's cache writes, the processors, the selection) as
+single graphs -- ``fullgraph``, so a graph break fails -- and the compiled searches give
+the eager sync-free search's hypotheses, greedy and beam with n-best.
+
+Dynamo's own eager backend runs the traced graphs (no inductor code generation: seconds a
+decoder); inductor's kernels are checked on TransF and RAN-ALL in
+``tests/test_compile_step_option.py``. CI runs the students' decoders beside TransF's (RAN-D's
+learned matrices, AAN, SSRU); ``-m slow`` all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounter
+
+from conftest import assert_same_hypotheses, random_batch
+from ranmt.inference import graphs
+from ranmt.inference.decode import search
+from ranmt.inference.graphs import CompiledStep
+from test_fast_decode import DECODERS, _model
+
+IN_CI = {("ran", "dot"), ("aan", "dot"), ("ssru", "dot")}
+
+
+def _marked(decoder: tuple[str, str]):
+    marks = [pytest.mark.slow] + ([pytest.mark.ci] if decoder in IN_CI else [])
+    return pytest.param(*decoder, marks=marks, id="-".join(decoder))
+
+
+@pytest.mark.parametrize(("self_attention", "cross"), [_marked(d) for d in DECODERS])
+def test_every_decoder_traces_its_compiled_step_as_one_graph_with_the_eager_hypotheses(
+        self_attention, cross, monkeypatch):
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(CompiledStep, "_runner", torch.compile(
+        graphs._run_body, fullgraph=True, dynamic=False, backend=counter))
+    monkeypatch.setattr(CompiledStep, "_encoder", torch.compile(
+        graphs._encode, fullgraph=True, dynamic=False, backend=counter))
+    model = _model(self_attention, cross, seed=5)
+    src, _ = random_batch(batch=5, src_len=9, seed=5)
+    for beam in (1, 3):
+        args = dict(beam=beam, nbest=beam, lenpen=0.6, max_len_a=1.5, max_len_b=4)
+        before = counter.frame_count
+        assert_same_hypotheses(search(model, src, compile_step=True, **args),
+                               search(model, src, sync_free=True, **args))
+        assert counter.frame_count > before  # traced, not run eagerly past the compiler

@@ -118,7 +118,10 @@ def test_a_compiled_search_moves_its_sentences_into_smaller_buckets_as_they_end(
 def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(monkeypatch):
     """Dynamo refuses a new graph past the recompile limit (with ``fullgraph``, an error):
     past ``CompiledStep.SHAPES`` a new batch shape decodes eagerly, warned once, with the
-    same hypotheses, instead of failing the request."""
+    same hypotheses, instead of failing the request; Dynamo's own limit warning is logged
+    once, not again at every step of every new shape."""
+    import logging
+
     from ranmt.inference import graphs
 
     torch._dynamo.reset()
@@ -126,12 +129,21 @@ def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(monkeypat
     monkeypatch.setattr(graphs.CompiledStep, "_warned", False)
     model, _ = tiny_model(seed=3)
     options = {"beam": 1, "max_len_a": 1.0, "max_len_b": 3}
-    with pytest.warns(RuntimeWarning, match="decode eagerly"):
-        for rows in (1, 2, 3):
-            src = _sources(rows, batch=rows)
-            got = search(model, src, compile_step=True, **options)
-            want = search(model, src, sync_free=True, **options)
-            assert [h[0][0] for h in got] == [h[0][0] for h in want]
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    try:
+        with pytest.warns(RuntimeWarning, match="decode eagerly"):
+            for rows in (1, 2, 3, 4, 5):
+                src = _sources(rows, batch=rows)
+                got = search(model, src, compile_step=True, **options)
+                want = search(model, src, sync_free=True, **options)
+                assert [h[0][0] for h in got] == [h[0][0] for h in want]
+    finally:
+        logger.removeHandler(handler)
+    assert sum("recompile_limit" in message for message in records) == 1
 
 
 def test_compile_step_is_refused_with_what_it_does_not_go_with():

@@ -356,11 +356,10 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     (``ranmt.inference.processors``) and advances the search state: greedy (``greedy``, by
     default when ``beam == 1``; ``pick`` (log-probs (n, V) -> (scores (n,), tokens (n,)))
     replaces its arg-max: a sampler) or beam. ``static``: the sync-free form (rows stay in
-    the batch, masks instead of selections, whether all are done read every
-    ``check_every`` steps: by default 8 on CUDA, whose queue of steps a host read drains,
-    and 1 elsewhere, where it costs nothing and saves the steps after the last EOS); with
-    the options' ``cuda_graphs`` its whole step is recorded once as a CUDA graph and
-    replayed (on CUDA; ``ranmt.inference.graphs``)."""
+    the batch, masks instead of selections, "all done?" read every ``check_every`` steps:
+    8 on CUDA, whose queue of steps a host read drains, 1 elsewhere, where it costs
+    nothing); with ``cuda_graphs`` its step is recorded once as a CUDA graph and replayed
+    (on CUDA; ``ranmt.inference.graphs``)."""
     options = search_options(options, overrides)
     greedy = options.beam == 1 if greedy is None else greedy
     graphs = static and options.cuda_graphs
@@ -376,7 +375,16 @@ def run_search(model: Seq2Seq, src: Tensor, options: DecodeConfig | None = None,
     if (graphs or compiled) and pick is not None:
         raise ValueError("sampling is neither recorded as a CUDA graph nor compiled: not "
                          "with cuda_graphs or compile_step")
-    group = 1 if greedy else options.beam
+    with CompiledStep.shape_limit(compiled):
+        return _search(model, src, options, greedy, static, graphs, limit, fixed_length,
+                       prefix, pick, check_every)
+
+
+def _search(model: Seq2Seq, src: Tensor, options: DecodeConfig, greedy: bool, static: bool,
+            graphs: bool, limit: int | None, fixed_length: int | None, prefix: Tensor | None,
+            pick, check_every: int) -> list[list[tuple[list[int], float]]]:
+    """:func:`run_search` once its options are checked."""
+    compiled, group = options.compile_step, 1 if greedy else options.beam
     batch, device = src.shape[0], src.device
     bucket = CompiledStep.BUCKET if compiled else 1  # fewer shapes, fewer compilations
     if bucket > 1 and src.shape[1] % bucket:  # source columns of padding (masked)

@@ -1,8 +1,9 @@
 """Decoding speed of distilled-student shapes side by side (issue 70): the decoder
 self-attentions a student may use (TransF's, RAN-D's learned matrices, AAN, SSRU) in the
 ``student`` preset (6 encoder / 2 decoder layers, d 256, FFN 1536), with and without the
-lexical shortlist, fp32 and int8 (and bf16 with ``--bf16``, on a CPU with native bf16),
-against the teacher's shape (``small`` TransF).
+lexical shortlist, fp32 and int8 (and bf16 with ``--bf16``, on a CPU with native bf16;
+int8 through ``decode.compile_step`` too with ``--compile-step``), against the teacher's
+shape (``small`` TransF).
 
 Speed only: every system decodes the same source sentences (a prepared split of real
 data, so that a shortlist sees real source words) to exactly ``--fixed-length`` tokens
@@ -34,7 +35,7 @@ from ranmt.data.batching import make_batches, pad_sources
 from ranmt.data.corpus import fill_config_from_data, load_split
 from ranmt.inference.decode import search
 from ranmt.inference.quantize import quantize_model
-from ranmt.inference.shortlist import RestrictedOutput, build_shortlist
+from ranmt.inference.shortlist import RestrictedOutput, bucketed_vocabulary, build_shortlist
 from ranmt.model import build_model
 from ranmt.runtime.precision import cpu_bf16_support, cpu_description
 
@@ -55,31 +56,43 @@ def build(data: str, preset: str, arch: str, copy: str):
     return quantize_model(model, "int8" if copy == "int8" else "none")
 
 
-def systems(data: str, shortlist, bf16: bool = False) -> dict:
-    """name -> (model, shortlist or None)."""
+def systems(data: str, shortlist, bf16: bool = False, compiled: bool = False) -> dict:
+    """name -> (model, shortlist or None, compile_step); with ``compiled`` also every int8
+    student through ``decode.compile_step``."""
     copies = ("fp32", "int8", "bf16") if bf16 else ("fp32", "int8")
-    out = {"teacher small TransF": (build(data, "small", "transf", "fp32"), None)}
+    out = {"teacher small TransF": (build(data, "small", "transf", "fp32"), None, False)}
     if bf16:
-        out["teacher small TransF bf16"] = (build(data, "small", "transf", "bf16"), None)
+        out["teacher small TransF bf16"] = (build(data, "small", "transf", "bf16"), None,
+                                            False)
     for name, arch in DECODERS.items():
         for copy in copies:
             model = build(data, "student", arch, copy)
             suffix = "" if copy == "fp32" else f" {copy}"
-            out[f"student {name}{suffix}"] = (model, None)
-            out[f"student {name}{suffix} + shortlist"] = (model, shortlist)
+            out[f"student {name}{suffix}"] = (model, None, False)
+            out[f"student {name}{suffix} + shortlist"] = (model, shortlist, False)
+            if compiled and copy == "int8":
+                out[f"student {name}{suffix} compiled"] = (model, None, True)
+                out[f"student {name}{suffix} + shortlist compiled"] = (model, shortlist, True)
     return out
 
 
-def decode_all(model, shortlist, batches, beam: int, length: int) -> tuple[int, int]:
-    """Decode every batch; (target tokens generated incl. EOS, summed shortlist size)."""
+def decode_all(model, shortlist, batches, beam: int, length: int,
+               compiled: bool = False) -> tuple[int, int]:
+    """Decode every batch; (target tokens generated incl. EOS, summed shortlist size).
+    ``compiled``: ``decode.compile_step``, a shortlist's vocabulary padded to its buckets
+    as ``ranmt translate`` pads it (a few graphs instead of one a batch)."""
     tokens = vocabulary_sizes = 0
     for src in batches:
         runner = model
         if shortlist is not None:
-            vocabulary = shortlist.vocabulary(src)
-            runner = RestrictedOutput(model, vocabulary)
+            vocabulary, blocked = shortlist.vocabulary(src), None
             vocabulary_sizes += vocabulary.numel()
-        hyps = search(runner, src, beam=beam, nbest=1, fixed_length=length)
+            if compiled:
+                vocabulary, blocked = bucketed_vocabulary(vocabulary,
+                                                          shortlist.target_vocab_size)
+            runner = RestrictedOutput(model, vocabulary, blocked)
+        hyps = search(runner, src, beam=beam, nbest=1, fixed_length=length,
+                      compile_step=compiled)
         tokens += sum(len(h[0][0]) + 1 for h in hyps)
     return tokens, vocabulary_sizes
 
@@ -93,7 +106,7 @@ def run(args) -> dict:
         if not supported:
             raise SystemExit(f"--bf16: {why}")
     shortlist = build_shortlist(args.data, args.k, args.frequent)
-    models = systems(args.data, shortlist, args.bf16)
+    models = systems(args.data, shortlist, args.bf16, args.compile_step)
     if args.systems:  # the teacher (the ratios' base) and the systems named
         models = {name: value for name, value in models.items() if name.startswith("teacher")
                   or any(part in name for part in args.systems)}
@@ -102,7 +115,8 @@ def run(args) -> dict:
                     "sentences": len(sources), "shortlist": {"k": args.k,
                                                              "frequent": args.frequent},
                     "settings": {}}
-    for setting, options in SETTINGS.items():
+    for setting in args.settings:
+        options = SETTINGS[setting]
         torch.set_num_threads(options["threads"])
         lengths = torch.tensor([len(s) for s in sources]).numpy()
         batches = [pad_sources([sources[i] for i in batch])
@@ -114,10 +128,10 @@ def run(args) -> dict:
             for round_ in range(args.repeats + 1):
                 order = names[round_ % len(names):] + names[: round_ % len(names)]
                 for name in order:
-                    model, shortlist_ = models[name]
+                    model, shortlist_, compiled = models[name]
                     started = time.perf_counter()
                     tokens, sizes = decode_all(model, shortlist_, batches, options["beam"],
-                                               args.fixed_length)
+                                               args.fixed_length, compiled)
                     seconds = time.perf_counter() - started
                     if round_ > 0:  # the first round warms up
                         speeds[name].append(tokens / seconds)
@@ -147,6 +161,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bf16", action="store_true",
                         help="also bf16 copies of every system (a CPU with native bf16)")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="also every int8 student with decode.compile_step (the warm-up "
+                             "round compiles each batch shape: minutes)")
+    parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS),
+                        help="which settings to measure")
     parser.add_argument("--systems", nargs="+",
                         help="only the systems whose names hold one of these (and the teacher)")
     parser.add_argument("--json", help="write the report here")

@@ -26,3 +26,10 @@ fi
   --compile-step --no-hf --repeats 3 --out /tmp/peers_bergamot_fixed20_2 \
   --json $OUT/peers_bergamot_fixed20_compiled.json 2> $OUT/peers_bergamot_fixed20_compiled.err \
   | tee $OUT/peers_bergamot_fixed20_compiled.md
+# The same at fixed length 1 (one step: the encoder and a batch's fixed costs), against the
+# fixed-length-20 run above: time(L) = encoder + L x step, solved for both systems.
+.venv/bin/python benchmarks/peers.py decode --transf $RUN --data $DATA --split test_2016_flickr \
+  --sentences 320 --batch 32 --beam 1 --threads 1 --fixed-length 1 --int8 --shortlist \
+  --compile-step --no-hf --repeats 3 --out /tmp/peers_bergamot_fixed1 \
+  --json $OUT/peers_bergamot_fixed1_compiled.json 2> $OUT/peers_bergamot_fixed1_compiled.err \
+  | tee $OUT/peers_bergamot_fixed1_compiled.md

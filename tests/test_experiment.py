@@ -814,7 +814,7 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     the grid gains later is prepared and decoded the same way."""
     import numpy as np
 
-    from ranmt.data.corpus import raw_text
+    from ranmt.data.corpus import extra_references, raw_text
     from ranmt.evaluate import score
     from ranmt.inference.shortlist import SHORTLIST_FILE, Shortlist, build_shortlist
     from ranmt.inference.translator import Translator
@@ -868,6 +868,7 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     train_tokens = (data / "train.src.tokens.npy").read_bytes()
     src2, tgt2 = reverse_task(30, 7)
     write_parallel(tmp_path / "test2", src2, tgt2)
+    (tmp_path / "test2.tgt2").write_text("".join(t + "\n" for t in tgt2))  # a 2nd reference
     config["datasets"][0]["tests"]["test2"] = str(tmp_path / "test2")
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setattr(cells_module, "choose_on_valid",
@@ -875,6 +876,7 @@ def test_also_decode_scores_other_settings_and_fills_in_finished_cells(tmp_path,
     main(["experiment", str(path)])
     assert calls == [] and (data / "train.src.tokens.npy").read_bytes() == train_tokens
     assert raw_text(data, "test2", "src") == src2
+    assert extra_references(data, "test2") == [tgt2]  # (the same text: BLEU as with one)
     cell = json.loads(cell_file.read_text())
     beam2 = Translator.load(run, device="cpu", beam=2).translate(src2)
     assert cell["tests"]["test2"]["bleu"] == pytest.approx(score(beam2, tgt2, ["bleu"],

@@ -109,7 +109,8 @@ def unprepared_tests(dataset: Dataset, root: Path) -> list[str] | None:
 def add_missing_tests(dataset: Dataset, root: Path, log,
                       experiment: Experiment | None = None) -> None:
     """Encode the test sets added to ``dataset`` after it was prepared into its prepared
-    data, with its SentencePiece models (``corpus.add_test_splits``); a distilled dataset
+    data, with its SentencePiece models (``corpus.add_test_splits``), and copy their
+    further references (:func:`copy_extra_references`); a distilled dataset
     copies them from its teacher's dataset (the same sources and references, encoded with
     the same models), which gets them first."""
     missing = unprepared_tests(dataset, root)
@@ -118,7 +119,9 @@ def add_missing_tests(dataset: Dataset, root: Path, log,
     prepared = root / "data" / dataset.name
     if dataset.distill is None:
         prefixes = _corpus_prefixes(dataset, root, log)[2]
-        add_test_splits(prepared, {test: prefixes[test] for test in missing}, log)
+        added = {test: prefixes[test] for test in missing}
+        add_test_splits(prepared, added, log)
+        copy_extra_references(prepared, added, dataset.tgt, log)
         return
     if experiment is None:
         raise ConfigError(f"dataset {dataset.name} is distilled: prepared by its grid")

@@ -296,3 +296,27 @@ def test_explorer_renders_heat_maps_in_headless_chromium(runs, tmp_path):
     # per model: cross, encoder self and decoder self maps, each with coloured cells
     assert len(painted) == 6 and min(painted) > 0
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("batching, said", [("step", "not used by step-level batching"),
+                                            ("batch", "compiles each new batch shape")])
+def test_a_checkpoint_asking_for_the_compiled_step_is_told_what_serving_does_with_it(
+        translators, monkeypatch, caplog, batching, said):
+    """``decode.compile_step`` in a served checkpoint's settings: the server says at start
+    that step-level batching decodes eagerly, or that batch-level batching compiles on the
+    requests that bring new shapes; a checkpoint without it hears nothing."""
+    import dataclasses
+    import logging
+
+    translator = translators["transf"]
+    limits = ServeLimits(batching=batching, workers="thread")
+    with caplog.at_level(logging.WARNING, logger="ranmt.serving.app"), \
+            TestClient(create_app({"transf": translator}, limits)):
+        pass
+    assert "compile_step" not in caplog.text
+    monkeypatch.setattr(translator, "decode_config",
+                        dataclasses.replace(translator.decode_config, compile_step=True))
+    with caplog.at_level(logging.WARNING, logger="ranmt.serving.app"), \
+            TestClient(create_app({"transf": translator}, limits)):
+        pass
+    assert said in caplog.text

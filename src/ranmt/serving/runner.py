@@ -152,6 +152,7 @@ class ServedModels:
             kind = StepBatcher if self.limits.batching == "step" else Batcher
             self.batchers[name] = kind(translator, self.limits, self.executor, self.metrics,
                                        name)
+            self._warn_compile_step(name, translator)
             # One decoding before serving: the first call's one-off costs (weight packing,
             # allocator warm-up) are not paid by the first requests.
             await loop.run_in_executor(self.executor, translator.warm_up)
@@ -161,6 +162,21 @@ class ServedModels:
             self.loop_failures[name] = 0
             self.workers[name] = asyncio.create_task(self._supervise(name, batcher))
         self.lag_monitor = asyncio.create_task(LoopLagMonitor(self.metrics).run())
+
+    def _warn_compile_step(self, name: str, translator: Translator) -> None:
+        """A checkpoint whose decoding settings ask for ``decode.compile_step``: step-level
+        batching (rows join and leave every step) does not run it, batch-level batching
+        compiles each new batch shape on the request that first brings it."""
+        if not translator.decode_config.compile_step:
+            return
+        log = logging.getLogger("ranmt.serving.app")
+        if self.limits.batching == "step":
+            log.warning("model '%s': decode.compile_step is not used by step-level batching "
+                        "(it decodes eagerly); serve with --batching batch to compile", name)
+        else:
+            log.warning("model '%s': decode.compile_step compiles each new batch shape on "
+                        "the first request that brings it (tens of seconds on a CPU; such "
+                        "a request may pass --request-timeout)", name)
 
     async def _supervise(self, name: str, batcher: Batcher) -> None:
         """Run ``batcher``'s scheduling loop for as long as the server runs: if it raises,

@@ -11,22 +11,34 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
-shapes = [(256, 768), (256, 256), (256, 256), (256, 256), (256, 1536), (1536, 256)] * 2 + [(256, 8000)]
-ws = [torch.randint(-127, 127, (n, k), dtype=torch.int8).t() for k, n in shapes]  # (K, N) col-major views
-xs = {k: torch.randint(-127, 127, (1, k), dtype=torch.int8) for k in (256, 1536)}
-def step():
-    for (k, n), w in zip(shapes, ws):
-        torch._int_mm(xs[k], w)
-for _ in range(20): step()
-t = time.perf_counter()
-for _ in range(500): step()
-print(f"13 one-row int8 products (a decoder step's, distinct weights): {(time.perf_counter()-t)/500*1e6:.0f} us")
-x32 = {k: torch.randint(-127, 127, (32, k), dtype=torch.int8) for k in (256, 1536)}
-def step32():
-    for (k, n), w in zip(shapes, ws):
-        torch._int_mm(x32[k], w)
-for _ in range(20): step32()
-t = time.perf_counter()
-for _ in range(200): step32()
-print(f"the same at 32 rows: {(time.perf_counter()-t)/200*1e6:.0f} us")
+SHAPES = [(256, 768), (256, 256), (256, 256), (256, 256), (256, 1536), (1536, 256)] * 2 \
+    + [(256, 8000)]  # (in, out) of each product, in a step's order
+
+
+def per_step(rows: int, weights: list[torch.Tensor], repeats: int) -> float:
+    """Microseconds for one pass over every product at ``rows`` rows."""
+    inputs = {k: torch.randint(-127, 127, (rows, k), dtype=torch.int8) for k in (256, 1536)}
+
+    def step() -> None:
+        for (width, _), weight in zip(SHAPES, weights):
+            torch._int_mm(inputs[width], weight)
+
+    for _ in range(20):
+        step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    # (in, out) views of (out, in) int8 matrices, as Int8Linear stores them
+    weights = [torch.randint(-127, 127, (n, k), dtype=torch.int8).t() for k, n in SHAPES]
+    print(f"13 one-row int8 products (a decoder step's, distinct weights): "
+          f"{per_step(1, weights, 500):.0f} us")
+    print(f"the same at 32 rows: {per_step(32, weights, 200):.0f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -72,7 +72,7 @@ class _Recorder(graphs.StaticDecoder):
 def test_no_cache_tensor_moves_after_the_warm_up(self_attention, cross, beam, monkeypatch):
     """What a replay relies on: after the warm-up steps every cache tensor (histories,
     memory, recurrent state) stays at its address, through reorders and steps."""
-    monkeypatch.setattr("ranmt.inference.decode.StaticDecoder", _Recorder)
+    monkeypatch.setattr("ranmt.inference.search_state.StaticDecoder", _Recorder)
     _Recorder.made.clear()
     model = _model(self_attention, cross, 0)
     src, _ = random_batch(batch=3, src_len=7)
@@ -171,7 +171,7 @@ def test_the_cuda_graphs_option_reaches_the_search(translators, monkeypatch):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr("ranmt.inference.decode.StaticDecoder", Noting)
+    monkeypatch.setattr("ranmt.inference.search_state.StaticDecoder", Noting)
     monkeypatch.setattr(translator, "decode_config",
                         replace(translator.decode_config, cuda_graphs=True))
     assert translator.translate(lines) == plain

@@ -65,3 +65,46 @@ def test_children_started_inside_the_context_get_sigint_back_and_the_parent_keep
         assert child.wait(timeout=10) != 0  # KeyboardInterrupt, not ignored
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+_CLOCK_CHILD = """
+import sys, time
+from ranmt.runtime.signals import RunningClock
+with RunningClock() as clock:
+    wall, running = time.monotonic(), clock.now()
+    print("ready", flush=True)
+    while clock.now() - running < 2.0:  # busy, reading the clock as a training loop does
+        clock.now()
+        time.sleep(0.01)
+    print(time.monotonic() - wall, clock.now() - running, clock.stopped, flush=True)
+"""
+
+
+def test_the_running_clock_leaves_out_the_time_its_process_was_stopped():
+    """A process stopped (SIGSTOP) for a second and continued (SIGCONT) reads about a
+    second less on its RunningClock than on the wall (the trainer's step times, tokens/s,
+    wall_time_s and max_time budget use it), and exactly the wall time when never stopped."""
+    import os
+
+    from ranmt.runtime.signals import RunningClock
+
+    child = subprocess.Popen([sys.executable, "-c", _CLOCK_CHILD], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        os.kill(child.pid, signal.SIGCONT)
+        wall, running, stopped = map(float, child.stdout.readline().split())
+    finally:
+        child.kill()
+        child.wait()
+    assert wall >= 2.0 + 0.9  # the child's wall clock went on while it was stopped
+    assert 0.9 <= stopped <= 1.5  # a pause counts from the clock's last reading (10 ms)
+    assert running == pytest.approx(wall - stopped, abs=0.05)
+    with RunningClock() as clock:  # never stopped: the wall clock
+        start, wall_start = clock.now(), time.monotonic()
+        time.sleep(0.05)
+        assert clock.now() - start == pytest.approx(time.monotonic() - wall_start, abs=0.01)
+        assert clock.stopped == 0.0

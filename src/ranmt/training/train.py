@@ -20,7 +20,6 @@ import math
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +65,7 @@ from ranmt.model import build_model, count_parameters
 from ranmt.runtime.dropout import fast_masks
 from ranmt.runtime.memory import cap_onednn_primitive_cache, retain_freed_memory
 from ranmt.runtime.precision import PrecisionPolicy, legacy_precision
+from ranmt.runtime.signals import RunningClock
 from ranmt.training.deferred import DeviceTally
 from ranmt.training.distributed import (
     all_reduce_sum,
@@ -247,7 +247,8 @@ class TrainingRun:
     """
 
     def __init__(self, cfg: Config, data_dir: str | Path, run_dir: str | Path):
-        self.created = time.monotonic()
+        self.clock = RunningClock()  # monotonic, less the time the process was stopped
+        self.created = self.clock.now()
         self.seconds_to_first_step: float | None = None  # set-up + this process's 1st step
         self.cfg, self.t = cfg, cfg.train
         self.data_dir, self.run_dir = Path(data_dir), Path(run_dir)
@@ -421,7 +422,7 @@ class TrainingRun:
         self.step, self.epoch = self.state["step"], self.state["epoch"]
         self.first_step = self.step  # where this process started (0, or the resumed step)
         self.batch_index = self.state["batch_in_epoch"]
-        self.start_time = time.monotonic() - self.state["elapsed"]
+        self.start_time = self.clock.now() - self.state["elapsed"]
         self.window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": 0.0, "steps": 0,
                        **dict.fromkeys(FILL_KEYS, 0)}
         self.data_wait = 0.0  # seconds spent building batches in the current log window
@@ -444,7 +445,7 @@ class TrainingRun:
         """Train until a budget, early stopping or a signal; return the summary."""
         if self.resume_from is not None:  # a finished run resumed with the same budget
             self.stop_reason = self._budget_reached(out_of_time=self._out_of_time())
-        with _StopSignal() as self.stop_signal:
+        with _StopSignal() as self.stop_signal, self.clock:
             while self.stop_reason is None:
                 if self.t.max_epochs and self.epoch >= self.t.max_epochs:
                     self.stop_reason = f"max_epochs={self.t.max_epochs} reached"
@@ -515,7 +516,7 @@ class TrainingRun:
     def optimizer_step(self, group: list, prefetcher: BatchPrefetcher) -> bool:
         """Forward/backward over the step's batches, then one update; False if skipped."""
         ctx, device = self.ctx, self.device
-        step_start = time.monotonic()
+        step_start = self.clock.now()
         self.optimizer.zero_grad(set_to_none=True)
         if self.masters is not None:
             self.masters.zero_grad()
@@ -527,13 +528,13 @@ class TrainingRun:
         local_loss = local_nll = 0.0
         on_device = []  # deferred reads: each batch's (loss, nll) sums (2,)
         for position, indices in enumerate(group):
-            wait_start = time.monotonic()
+            wait_start = self.clock.now()
             batch = next(prefetcher)
             assert batch.indices is indices, "batch plan out of step"
             for key, count in zip(FILL_KEYS, batch.fill()):  # on the host, before the copy
                 self.window[key] += count
             batch = batch.to(device)
-            self.data_wait += time.monotonic() - wait_start
+            self.data_wait += self.clock.now() - wait_start
             last = position == len(group) - 1
             # accumulate locally; all-reduce only with the group's last backward
             sync = contextlib.nullcontext() if (last or not ctx.enabled) \
@@ -558,7 +559,7 @@ class TrainingRun:
         self._update()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        elapsed_step = time.monotonic() - step_start
+        elapsed_step = self.clock.now() - step_start
         for key, value in (("loss", group_loss), ("nll", group_nll), ("tokens", group_tokens),
                            ("time", elapsed_step), ("steps", 1)):
             self.window[key] += value
@@ -615,7 +616,7 @@ class TrainingRun:
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        elapsed = time.monotonic() - self.window_clock
+        elapsed = self.clock.now() - self.window_clock
         self.window_clock = None
         self.window["time"] += elapsed
         self.total_train_time += elapsed
@@ -653,14 +654,14 @@ class TrainingRun:
         """Log, check the budgets (every rank decides alike), validate and checkpoint."""
         t = self.t
         if self.seconds_to_first_step is None:
-            self.seconds_to_first_step = time.monotonic() - self.created
+            self.seconds_to_first_step = self.clock.now() - self.created
         if self.step % t.log_every == 0 or self.step % t.validate_every == 0 or (
                 t.max_steps and self.step >= t.max_steps):
             self._read_tallies()  # deferred reads only; it may stop the run (non-finite)
         nonfinite_stop = self.stop_reason
         if self.step % t.log_every == 0:
             self._log_window()
-        elapsed = time.monotonic() - self.start_time
+        elapsed = self.clock.now() - self.start_time
         # Every rank must take the same decision: combine the time/signal flags.
         out_of_time, signalled = all_reduce_sum(
             [float(bool(self.max_time) and elapsed >= self.max_time),
@@ -674,7 +675,7 @@ class TrainingRun:
             self.last_validated = self.step
 
     def _out_of_time(self) -> bool:
-        return bool(self.max_time) and time.monotonic() - self.start_time >= self.max_time
+        return bool(self.max_time) and self.clock.now() - self.start_time >= self.max_time
 
     def _budget_reached(self, out_of_time: bool, epochs: bool = True) -> str | None:
         t = self.t
@@ -740,7 +741,7 @@ class TrainingRun:
         state, run_dir = self.state, self.run_dir
         state.update({"step": self.step, "epoch": self.epoch,
                       "batch_in_epoch": self.batch_index,
-                      "elapsed": time.monotonic() - self.start_time})
+                      "elapsed": self.clock.now() - self.start_time})
         extra = {"cpu_rng": torch.get_rng_state()}
         if self.device.type == "cuda":
             extra["cuda_rng"] = torch.cuda.get_rng_state(self.device)
@@ -781,7 +782,7 @@ class TrainingRun:
                    "still_improving": state["best_step"] == self.step,
                    "validations": state.get("validations", []),
                    "train_tokens_per_s": tok_s, "parameters": self.params["total"],
-                   "wall_time_s": time.monotonic() - self.start_time,
+                   "wall_time_s": self.clock.now() - self.start_time,
                    "seconds_to_first_step": self.seconds_to_first_step,
                    "nonfinite_skipped": state["nonfinite_skipped"],
                    "precision": self.precision,

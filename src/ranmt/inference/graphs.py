@@ -305,14 +305,14 @@ class CompiledStep:
         try:
             return compiled(*args)
         except limit_hit:
-            if not cls._warned:
-                cls._warned = True
-                warnings.warn(f"compile_step: {cls.SHAPES} batch shapes compiled in this "
-                              f"process; new shapes decode eagerly (the compiled ones still "
-                              f"run compiled)", RuntimeWarning, stacklevel=3)
+            cls._warned = True  # (reached only before: afterwards the stance above runs)
+            warnings.warn(f"compile_step: {cls.SHAPES} batch shapes compiled in this "
+                          f"process; new shapes decode eagerly (the compiled ones still run "
+                          f"compiled)", RuntimeWarning, stacklevel=3)
             return eager(*args)
 
     _warned = False
+    """This process reached :data:`SHAPES` (and warned once): new shapes run eagerly."""
 
 
 def _run_body(body: Callable[[], None]) -> None:

@@ -321,6 +321,13 @@ def decode(args) -> dict:
              "seconds": timed[1].get(args.only), "outputs": timed[2].get(args.only)}),
             encoding="utf-8")
         return {}
+    if args.systems:  # the reference (ranmt TransF, fp32 eager) and the systems named
+        wanted = ["ranmt TransF"] + [n.strip() for n in args.systems.split(",") if n.strip()]
+        unknown = [name for name in wanted if name not in builders]
+        if unknown:
+            raise SystemExit(f"--systems: no system {', '.join(map(repr, unknown))} with these "
+                             f"flags; there are: {', '.join(builders)}")
+        builders = {name: build for name, build in builders.items() if name in wanted}
     ids, batches = _source_batches(args, transf)
     if args.isolate:
         samples, seconds, outputs = _time_isolated(args, list(builders))
@@ -671,6 +678,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile-step", action="store_true",
                    help="also ranmt with decode.compile_step (with --int8: int8 compiled); "
                         "the warm-up round compiles every batch shape")
+    p.add_argument("--systems", help="only these systems (comma-separated names as in the "
+                   "table, e.g. 'ranmt TransF int8 compiled + shortlist,CTranslate2 int8 + "
+                   "vmap'), beside ranmt TransF (the outputs' reference); default: every "
+                   "system the flags enable")
     p.add_argument("--json", help="also write the result (tokens_per_s per system, ...) here")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--one-process", dest="isolate", action="store_false",

@@ -1,8 +1,10 @@
 """``decode.compile_step`` for every registered decoder self- and cross-attention (issue
-99: every search equals its oracle for every decoder variant): Dynamo traces the encoder
-and the whole search step (the decoder's cache writes, the processors, the selection) as
-single graphs -- ``fullgraph``, so a graph break fails -- and the compiled searches give
-the eager sync-free search's hypotheses, greedy and beam with n-best.
+99: every search equals its oracle for every decoder variant), and its encoder for every
+registered encoder self-attention: Dynamo traces the encoder (one graph for every batch
+and source length) and the whole search step (the decoder's cache writes, the processors,
+the selection) as single graphs -- ``fullgraph``, so a graph break fails -- and the
+compiled searches give the eager sync-free search's hypotheses, greedy and beam with
+n-best.
 
 Dynamo's own eager backend runs the traced graphs (no inductor code generation: seconds a
 decoder); inductor's kernels are checked on TransF and RAN-ALL in
@@ -16,7 +18,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 
-from conftest import assert_same_hypotheses, random_batch
+from conftest import assert_same_hypotheses, random_batch, tiny_model
+from ranmt.attention.registry import names_for
 from ranmt.inference import graphs
 from ranmt.inference.decode import search
 from ranmt.inference.graphs import CompiledStep
@@ -38,7 +41,7 @@ def test_every_decoder_traces_its_compiled_step_as_one_graph_with_the_eager_hypo
     monkeypatch.setattr(CompiledStep, "_runner", torch.compile(
         graphs._run_body, fullgraph=True, dynamic=False, backend=counter))
     monkeypatch.setattr(CompiledStep, "_encoder", torch.compile(
-        graphs._encode, fullgraph=True, dynamic=False, backend=counter))
+        graphs._encode, **CompiledStep.ENCODER_TRACE, backend=counter))
     model = _model(self_attention, cross, seed=5)
     src, _ = random_batch(batch=5, src_len=9, seed=5)
     for beam in (1, 3):
@@ -47,3 +50,25 @@ def test_every_decoder_traces_its_compiled_step_as_one_graph_with_the_eager_hypo
         assert_same_hypotheses(search(model, src, compile_step=True, **args),
                                search(model, src, sync_free=True, **args))
         assert counter.frame_count > before  # traced, not run eagerly past the compiler
+
+
+@pytest.mark.parametrize("self_attention", names_for("encoder_self"))
+def test_every_encoder_compiles_once_for_every_source_length_with_the_eager_output(
+        self_attention, monkeypatch):
+    """The compiled search encodes a batch at its own length (dynamic shapes), and pads
+    the memory to the step's bucket after: one graph serves sources of 9, 6 and 13
+    columns, and its output equals the eager encoder's at every real position."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(CompiledStep, "_encoder", torch.compile(
+        graphs._encode, **CompiledStep.ENCODER_TRACE, backend=counter))
+    model = tiny_model(seed=3, **{"model.encoder.self_attention": self_attention})[0]
+    with torch.inference_mode():
+        for length in (9, 6, 13):
+            src, _ = random_batch(batch=4, src_len=length, seed=length)
+            eager, eager_mask, _ = model.encode(src)  # first: it fills the fused-weight
+            memory, pad_mask, _ = CompiledStep.encode(model, src)  # caches graphs guard on
+            assert torch.equal(pad_mask, eager_mask)
+            real = ~pad_mask[..., None]
+            torch.testing.assert_close(memory * real, eager * real, rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1

@@ -43,7 +43,7 @@ def _args(reverse_data, tmp_path, **overrides):
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
                   no_hf=False, json=None, isolate=False, only=None, child_out=None,
-                  shortlist=False, compile_step=False, ran_name="RAN-ALL")
+                  shortlist=False, compile_step=False, ran_name="RAN-ALL", systems=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -59,6 +59,13 @@ def test_peers_decode_same_outputs_and_writes_table(reverse_data, tmp_path):
     saved = json.loads((tmp_path / "out" / "decode.json").read_text())
     assert saved["systems"].keys() == systems.keys()
     assert "| CTranslate2 fp32 |" in (tmp_path / "out" / "decode.md").read_text()
+
+
+def test_peers_decode_systems_keeps_the_named_ones_beside_the_reference(reverse_data, tmp_path):
+    result = _peers().decode(_args(reverse_data, tmp_path, systems="CTranslate2 fp32"))
+    assert set(result["systems"]) == {"ranmt TransF", "CTranslate2 fp32"}
+    with pytest.raises(SystemExit, match="no system 'CTranslate2 int8'.*there are"):
+        _peers().decode(_args(reverse_data, tmp_path, systems="CTranslate2 int8"))
 
 
 def test_peers_decode_fixed_length_is_exact_in_every_system(reverse_data, tmp_path):

@@ -65,7 +65,7 @@ from ranmt.inference.selection import (  # noqa: F401  (re-exported for step-lev
     select_candidates,
     store_finished,
 )
-from ranmt.model import PAD_ID, Seq2Seq
+from ranmt.model import Seq2Seq
 
 
 def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfig:
@@ -80,15 +80,29 @@ def search_options(options: DecodeConfig | None, overrides: dict) -> DecodeConfi
 # ------------------------------------------------------------------------------ the loop
 
 
+def _padded_memory(memory: Tensor | list[Tensor], pad_mask: Tensor, columns: int
+                   ) -> tuple[Tensor | list[Tensor], Tensor]:
+    """The encoder's output (B, S, d) (an ensemble's: one per member) and its padding mask
+    (B, S) with ``columns`` more source positions, zeros and masked: a compiled step's
+    graphs are made for source lengths in buckets, the encoder runs at the batch's own."""
+    if isinstance(memory, list):
+        return [_padded_memory(m, pad_mask, columns)[0] for m in memory], \
+            F.pad(pad_mask, (0, columns), value=True)
+    return F.pad(memory, (0, 0, 0, columns)), F.pad(pad_mask, (0, columns), value=True)
+
+
 def _start(model: Seq2Seq, src: Tensor, options: DecodeConfig, limit: int | None,
            fixed_length: int | None, prefix: Tensor | None, group: int = 1, bucket: int = 1,
            compiled: bool = False) -> tuple[Tensor, int, dict]:
     """Encode src (B, S) for a static-cache search (``compiled``: through
-    :meth:`CompiledStep.encode`): (output length limits (B,), the cache capacity (the
-    longest limit + 1, rounded up to a multiple of ``bucket`` within the model's
-    positions), the decoder cache for ``group`` rows a sentence)."""
+    :meth:`CompiledStep.encode`, at the batch's own length): (output length limits (B,),
+    the cache capacity (the longest limit + 1, rounded up to a multiple of ``bucket``
+    within the model's positions), the decoder cache for ``group`` rows a sentence, its
+    source side padded to a multiple of ``bucket`` columns, masked)."""
     limit = model.config.max_positions - 1 if limit is None else limit
     memory, pad_mask, _ = CompiledStep.encode(model, src) if compiled else model.encode(src)
+    if bucket > 1 and src.shape[1] % bucket:  # the step's source side in columns of bucket
+        memory, pad_mask = _padded_memory(memory, pad_mask, -src.shape[1] % bucket)
     caps = output_caps(src, options.max_len_a, options.max_len_b, limit, fixed_length)
     caps = caps_with_prefix(caps, prefix_lengths(prefix, src.shape[0], src.device), limit)
     capacity = min(-(-(int(caps.max()) + 1) // bucket) * bucket, limit + 1)
@@ -139,8 +153,6 @@ def _search(model: Seq2Seq, src: Tensor, options: DecodeConfig, greedy: bool, st
     compiled, group = options.compile_step, 1 if greedy else options.beam
     batch, device = src.shape[0], src.device
     bucket = CompiledStep.BUCKET if compiled else 1  # fewer shapes, fewer compilations
-    if bucket > 1 and src.shape[1] % bucket:  # source columns of padding (masked)
-        src = F.pad(src, (0, bucket - src.shape[1] % bucket), value=PAD_ID)
     caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group,
                                    bucket, compiled)
     decoder = SearchDecoder(model, cache, batch * group, capacity, device, static,

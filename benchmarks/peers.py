@@ -5,7 +5,8 @@ Joey NMT 2.3.0 (speed issue, part 3). Not part of the test suite.
 batches, with the same beam size, length penalty and length cap, with
 
 * ranmt TransF (``--transf``, a trained TransF checkpoint) and, if given, ranmt RAN-ALL
-  (``--ran``), each through ``ranmt.inference.decode.search``;
+  (``--ran``) and further checkpoints (``--student NAME=RUN``, repeatable: the students'
+  decoders), each through ``ranmt.inference.decode.search``;
 * CTranslate2 (float32, ``intra_threads`` = ``--threads``) on the TransF checkpoint exported
   with ``ranmt export --format ctranslate2`` (built in memory, written to ``--out``);
 * Hugging Face ``generate`` on the same checkpoint as a Marian model (``build_marian``; a
@@ -178,11 +179,12 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     here: a process that measures one system (``--only``) builds that one alone."""
     transf = Translator.load(args.transf, device="cpu")
     settings = (args.beam, args.lenpen, args.max_len, args.fixed_length)
-    if args.ran:
-        ran_vocab = Translator.load(args.ran, device="cpu").src_vocab.processor
-        if ran_vocab.serialized_model_proto() != \
+    students = _students(args)
+    for name, run in ({args.ran_name: args.ran} if args.ran else {}) | students.items():
+        vocab = Translator.load(run, device="cpu").src_vocab.processor
+        if vocab.serialized_model_proto() != \
                 transf.src_vocab.processor.serialized_model_proto():
-            raise SystemExit("--ran and --transf must share the source vocabulary")
+            raise SystemExit(f"{name} ({run}) and --transf must share the source vocabulary")
 
     def ct2(compute_type: str, use_vmap: bool = False):
         from ranmt.inference.export import export_ctranslate2
@@ -193,7 +195,8 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     def ranmt(run: str, **options):
         return lambda: _ranmt_system(Translator.load(run, device="cpu", **options), *settings)
 
-    runs = {"TransF": args.transf, **({args.ran_name: args.ran} if args.ran else {})}
+    runs = {"TransF": args.transf, **({args.ran_name: args.ran} if args.ran else {}),
+            **students}
     builders = {f"ranmt {name}": ranmt(run) for name, run in runs.items()}
     builders["CTranslate2 fp32"] = lambda: ct2("float32")
     if args.int8:
@@ -230,6 +233,21 @@ def _decode_systems(args, out: Path) -> tuple[dict, Translator]:
     if not args.no_hf:
         builders["HF generate"] = lambda: _hf_system(transf, *settings)
     return builders, transf
+
+
+def _students(args) -> dict[str, str]:
+    """``--student NAME=RUN`` (repeatable): further checkpoints decoded like ``--ran``
+    (every ranmt system the flags enable, e.g. the distilled students' decoders at
+    Bergamot's setting), in the order given."""
+    students = {}
+    for item in getattr(args, "student", None) or []:
+        name, _, run = item.partition("=")
+        if not name or not run:
+            raise SystemExit(f"--student {item!r}: expected NAME=RUN")
+        if name in students or name in ("TransF", args.ran_name if args.ran else None):
+            raise SystemExit(f"--student {item!r}: the name {name!r} is taken")
+        students[name] = run
+    return students
 
 
 def _source_batches(args, transf: Translator) -> tuple[list[list[int]], list]:
@@ -272,6 +290,8 @@ def _child_argv(args, name: str, child_out: Path) -> list[str]:
             "--max-len", str(args.max_len), "--threads", str(args.threads), "--out", args.out,
             "--repeats", "1", "--only", name, "--child-out", str(child_out)]
     argv += ["--ran", args.ran, "--ran-name", args.ran_name] if args.ran else []
+    for student in getattr(args, "student", None) or []:
+        argv += ["--student", student]
     argv += ["--fixed-length", str(args.fixed_length)] if args.fixed_length is not None else []
     return argv + [flag for flag, on in (("--int8", args.int8), ("--bf16", args.bf16),
                                          ("--no-hf", args.no_hf),
@@ -367,6 +387,13 @@ def _decode_result(args, ids, systems, samples, seconds, outputs) -> dict:
               "ms_per_sentence": {name: row["ms_per_sentence"] for name, row in rows.items()},
               "systems": rows}
     ran = args.ran_name
+    for name in _students(args):  # each student at its best against CTranslate2's best
+        for mine, theirs in ((f"ranmt {name} int8 compiled + shortlist", "CTranslate2 int8 + vmap"),
+                             (f"ranmt {name} int8 + shortlist", "CTranslate2 int8 + vmap"),
+                             (f"ranmt {name} int8", "CTranslate2 int8")):
+            if mine in rows and theirs in rows:
+                result.setdefault("ratios", {})[f"{mine} / {theirs}"] = (
+                    rows[mine]["tokens_per_s"] / rows[theirs]["tokens_per_s"])
     for mine, theirs in (("ranmt TransF", "CTranslate2 fp32"),
                          (f"ranmt {ran}", "CTranslate2 fp32"),
                          ("ranmt TransF int8", "CTranslate2 int8"),
@@ -653,6 +680,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("decode", help="ranmt vs CTranslate2 vs HF generate")
     p.add_argument("--transf", required=True, help="trained ranmt TransF run or checkpoint")
     p.add_argument("--ran", help="trained ranmt RAN-ALL run (same vocabulary)")
+    p.add_argument("--student", action="append", metavar="NAME=RUN",
+                   help="a further checkpoint decoded with every ranmt system the flags "
+                   "enable, named NAME in the tables (repeatable; same source vocabulary "
+                   "as --transf), e.g. the students RAN-D, AAN and SSRU")
     p.add_argument("--ran-name", default="RAN-ALL",
                    help="its name in the tables (e.g. RAN-D for a RAN-D student)")
     p.add_argument("--data", required=True, help="prepared data directory")

@@ -43,7 +43,8 @@ def _args(reverse_data, tmp_path, **overrides):
                   beam=3, lenpen=0.6, max_len=12, repeats=1, threads=1,
                   out=str(tmp_path / "out"), fixed_length=None, int8=False, bf16=False,
                   no_hf=False, json=None, isolate=False, only=None, child_out=None,
-                  shortlist=False, compile_step=False, ran_name="RAN-ALL", systems=None)
+                  shortlist=False, compile_step=False, ran_name="RAN-ALL", systems=None,
+                  student=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -66,6 +67,22 @@ def test_peers_decode_systems_keeps_the_named_ones_beside_the_reference(reverse_
     assert set(result["systems"]) == {"ranmt TransF", "CTranslate2 fp32"}
     with pytest.raises(SystemExit, match="no system 'CTranslate2 int8'.*there are"):
         _peers().decode(_args(reverse_data, tmp_path, systems="CTranslate2 int8"))
+
+
+def test_peers_decode_students_run_every_ranmt_system_the_flags_enable(reverse_data, tmp_path):
+    """--student NAME=RUN: a further checkpoint decoded like TransF (here the same one, so
+    its outputs are TransF's), with its int8 row against CTranslate2's in the ratios."""
+    args = _args(reverse_data, tmp_path, int8=True, no_hf=True, fixed_length=5)
+    args.student = [f"Twin={args.transf}"]
+    result = _peers().decode(args)
+    systems = result["systems"]
+    assert {"ranmt Twin", "ranmt Twin int8"} <= set(systems)
+    assert systems["ranmt Twin"]["same_output_as_ranmt_transf"] == 1.0
+    assert "ranmt Twin int8 / CTranslate2 int8" in result["ratios"]
+    for bad in (["Twin"], [f"TransF={args.transf}"]):
+        args.student = bad
+        with pytest.raises(SystemExit, match="--student"):
+            _peers().decode(args)
 
 
 def test_peers_decode_fixed_length_is_exact_in_every_system(reverse_data, tmp_path):

@@ -72,3 +72,35 @@ def test_every_encoder_compiles_once_for_every_source_length_with_the_eager_outp
             real = ~pad_mask[..., None]
             torch.testing.assert_close(memory * real, eager * real, rtol=1e-5, atol=1e-5)
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("arch", ["ran-d", pytest.param("ran-all", marks=pytest.mark.slow),
+                                  pytest.param("transf", marks=pytest.mark.slow)])
+def test_a_compiled_search_finds_the_weights_derived_tensors_computed_eagerly(
+        arch, monkeypatch):
+    """A model's first search is compiled: what it derives from its weights (RAN's refined
+    matrices and their causal softmax, fused projection weights: VersionedCache) is
+    computed eagerly before Dynamo traces the search, never inside a graph (where it
+    would be recomputed at every step)."""
+    from ranmt.attention.base import VersionedCache
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(CompiledStep, "_runner", torch.compile(
+        graphs._run_body, fullgraph=True, dynamic=False, backend="eager"))
+    monkeypatch.setattr(CompiledStep, "_encoder", torch.compile(
+        graphs._encode, **CompiledStep.ENCODER_TRACE, backend="eager"))
+    traced_empty = []
+    original = VersionedCache.get
+
+    def recording_get(self, params, compute):
+        if torch.compiler.is_compiling() and self.value is None:
+            traced_empty.append(compute)
+        return original(self, params, compute)
+
+    monkeypatch.setattr(VersionedCache, "get", recording_get)
+    model = tiny_model(seed=4, **{"model.arch": arch})[0]
+    src, _ = random_batch(batch=3, src_len=7, seed=4)
+    compiled = search(model, src, compile_step=True, beam=1, max_len_a=1.5, max_len_b=4)
+    assert not traced_empty
+    assert_same_hypotheses(compiled, search(model, src, sync_free=True, beam=1,
+                                            max_len_a=1.5, max_len_b=4))

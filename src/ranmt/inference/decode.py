@@ -153,6 +153,9 @@ def _search(model: Seq2Seq, src: Tensor, options: DecodeConfig, greedy: bool, st
     compiled, group = options.compile_step, 1 if greedy else options.beam
     batch, device = src.shape[0], src.device
     bucket = CompiledStep.BUCKET if compiled else 1  # fewer shapes, fewer compilations
+    if compiled:  # the weights' derived tensors computed eagerly, before any tracing
+        CompiledStep.warm(model, lambda base: run_search(
+            base, src[:1], greedy=True, fixed_length=1, beam=1, nbest=1, compile_step=False))
     caps, capacity, cache = _start(model, src, options, limit, fixed_length, prefix, group,
                                    bucket, compiled)
     decoder = SearchDecoder(model, cache, batch * group, capacity, device, static,

@@ -23,13 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import peers  # noqa: E402  (benchmarks/peers.py)
 
 
+def bergamot_args(run: str, data: str, fixed_length: int = 20,
+                  compile_step: bool = True) -> Namespace:
+    """peers.py decode's arguments at Bergamot's setting (greedy, batch 32, one thread,
+    int8, shortlist / vmap, 320 test_2016 sentences at ``fixed_length``); also the other
+    one-off scripts of this folder."""
+    return Namespace(transf=run, ran=None, ran_name="RAN", data=data,
+                     split="test_2016_flickr", sentences=320, batch=32, beam=1, lenpen=1.0,
+                     max_len=200, fixed_length=fixed_length, threads=1, int8=True,
+                     bf16=False, compile_step=compile_step, shortlist=True, no_hf=True)
+
+
 def main() -> None:
     run, data, system, fixed, ready = sys.argv[1:6]
     torch.set_num_threads(1)
-    args = Namespace(transf=run, ran=None, ran_name="RAN", data=data,
-                     split="test_2016_flickr", sentences=320, batch=32, beam=1, lenpen=1.0,
-                     max_len=200, fixed_length=int(fixed), threads=1, int8=True, bf16=False,
-                     compile_step=system == "ranmt", shortlist=True, no_hf=True)
+    args = bergamot_args(run, data, int(fixed), compile_step=system == "ranmt")
     out = Path(f"/tmp/perf_profile_{system}")
     out.mkdir(exist_ok=True)
     builders, transf = peers._decode_systems(args, out)

@@ -19,14 +19,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers  # noqa: E402
+from perf_profile import bergamot_args  # noqa: E402  (this folder's)
 
 from ranmt.inference import graphs  # noqa: E402
 from ranmt.runtime.precision import cpu_description  # noqa: E402
@@ -69,10 +70,7 @@ def main() -> None:
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     torch.set_num_threads(1)
     print(cpu_description(), torch.__version__, flush=True)
-    args = Namespace(transf=run, ran=None, ran_name="RAN", data=data,
-                     split="test_2016_flickr", sentences=320, batch=32, beam=1, lenpen=1.0,
-                     max_len=200, fixed_length=20, threads=1, int8=True, bf16=False,
-                     compile_step=True, shortlist=True, no_hf=True)
+    args = bergamot_args(run, data)
     builders, transf = peers._decode_systems(args, Path("/tmp/wrapper_overhead"))
     decode = builders["ranmt TransF int8 compiled + shortlist"]()
     _, batches = peers._source_batches(args, transf)

@@ -3,8 +3,9 @@
 
 Rooms: :mod:`.spec` (the grid, and :class:`Cell`: one cell's folders, config and result),
 :mod:`.cells` (prepare, train, decode and score one cell; locks), :mod:`.reuse` (reused
-and warm-started cells), :mod:`.tables` and :mod:`.results` (tables, curves, results
-files), :mod:`.plan` (``--dry-run``). :func:`run_experiment` walks the grid.
+and warm-started cells), :mod:`.recipe` (one recipe per grid), :mod:`.tables` and
+:mod:`.results` (tables, curves, results files), :mod:`.plan` (``--dry-run``).
+:func:`run_experiment` walks the grid.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ranmt.experiment.loading import load_experiment, load_placed
 from ranmt.experiment.locks import claim, release
 from ranmt.experiment.plan import plan_experiment
 from ranmt.experiment.preparation import prepare_dataset, prepare_once
+from ranmt.experiment.recipe import describe_differences, recipe_differences
 from ranmt.experiment.results import precision_groups, write_comparison, write_results
 from ranmt.experiment.reuse import (
     adopt_cell,
@@ -105,6 +107,7 @@ def run_experiment(path: str | Path, log=print, out: str | Path | None = None,
                    f"{remaining} cells left (this worker)" if durations else "")
             if not _reuse_or_warm_start(cell, data_dir, reuse_from, label, log):
                 _warn_if_another_precision(cell, grid, data_dir, label, log)
+                _warn_if_another_recipe(cell, grid, data_dir, label, log)
                 log(f"{label}: running{eta}")
                 start = time.monotonic()
                 run_cell(cell, data_dir, log)
@@ -131,6 +134,20 @@ def _warn_if_another_precision(cell: Cell, grid: list[Cell], data_dir: Path, lab
         log(f"{label}: trains in {precision}, where finished cells of the grid trained "
             f"{', '.join(others)}; results.md will name it (set train.precision in the "
             "grid's overrides to train every cell in one precision)")
+
+
+def _warn_if_another_recipe(cell: Cell, grid: list[Cell], data_dir: Path, label: str,
+                            log) -> None:
+    """Say so before ``cell`` trains with a training, data or decoding setting that differs
+    from the grid's finished cells of its dataset (:func:`~.recipe.recipe_differences`):
+    their tables would compare two recipes."""
+    finished = [other.result() for other in grid
+                if other.finished and other.dataset.name == cell.dataset.name]
+    differences = recipe_differences(cell, data_dir, finished)
+    if differences:
+        log(f"{label}: trains with {describe_differences(differences, len(finished))}; "
+            "the tables will compare two recipes (set these in the grid's overrides to "
+            "train every cell one way)")
 
 
 class _Tables:

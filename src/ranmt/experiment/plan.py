@@ -23,6 +23,7 @@ from ranmt.data.download import DownloadError
 from ranmt.data.stream import resolve
 from ranmt.data.wmt import available, find_task
 from ranmt.experiment.loading import load_experiment
+from ranmt.experiment.recipe import describe_differences, recipe_differences
 from ranmt.experiment.spec import SWEEP_KEY, Cell, flow
 from ranmt.model import build_model, count_parameters
 
@@ -91,6 +92,27 @@ def _cell_plan(cell: Cell, root: Path, parameters: int | None = None) -> dict:
             "precision": t.precision, "lr": t.lr, "warmup_steps": t.warmup_steps}
 
 
+def _recipe_notes(experiment, dataset, log) -> list[str]:
+    """Where a variant's next cell would train with another recipe than the dataset's
+    finished cells (:func:`~.recipe.recipe_differences`; needs the prepared data)."""
+    data_dir = experiment.out / "data" / dataset.name
+    cells = [cell for cell in experiment.cells() if cell.dataset.name == dataset.name]
+    finished = [cell.result() for cell in cells if cell.finished]
+    if not finished or not (data_dir / "meta.json").is_file():
+        return []
+    notes, checked = [], set()
+    for cell in cells:
+        if cell.finished or cell.variant.name in checked:
+            continue
+        checked.add(cell.variant.name)
+        differences = recipe_differences(cell, data_dir, finished)
+        if differences:
+            notes.append(f"{cell.variant.name} would train with "
+                         f"{describe_differences(differences, len(finished))}")
+            log(f"recipe: {notes[-1]}")
+    return notes
+
+
 def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) -> dict:
     """Check every cell of the grid ``path`` and print its plan; return it."""
     experiment = load_experiment(path)
@@ -116,7 +138,6 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
     plan["comparisons"] = [comparison.name for comparison in experiment.comparisons]
     for dataset in experiment.datasets:
         notes = _dataset_notes(dataset, root)
-        plan["datasets"][dataset.name] = notes
         log(f"dataset {dataset.name} ({dataset.src}->{dataset.tgt}, vocabulary "
             f"{dataset.vocab_size}{' joint' if dataset.joint else ''}): {'; '.join(notes)}")
         sizes: dict[str, dict] = {}
@@ -134,5 +155,6 @@ def plan_experiment(path: str | Path, out: str | Path | None = None, log=print) 
             log(f"{name:<14} {cell['arch']:<8} {cell['parameters']:>12,} "
                 f"{cell['tokens_per_step_per_rank']:>17,} {cell['max_steps'] or '-':>10} "
                 f"{cell['validate_every']:>9} {cell['precision']:>9}")
+        plan["datasets"][dataset.name] = notes + _recipe_notes(experiment, dataset, log)
     log(f"every cell checked ({len(plan['cells'])}); nothing was trained")
     return plan

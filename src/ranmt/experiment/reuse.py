@@ -82,7 +82,7 @@ def _comparable_config(config: dict, precision: str | None = None) -> dict:
     return config
 
 
-def _recorded_config(cell: dict) -> dict:
+def recorded_config(cell: dict) -> dict:
     """A finished cell's comparable config, with the precision it trained in (cells from
     before the precision was recorded: what ``auto`` meant then)."""
     train_config = cell["config"].get("train", {})
@@ -160,7 +160,7 @@ def find_reusable_cell(cell: Cell, data_dir: Path, sources: list[Path],
     expected = expected_cell_config(cell, data_dir)
     tests = list(cell.dataset.tests)
     for source, cell_file, found in _finished_cells(sources, cell.seed):
-        if _recorded_config(found) != expected:
+        if recorded_config(found) != expected:
             continue
         if any(test not in found["tests"] or not (cell_file.parent / f"{test}.hyp").is_file()
                for test in tests):
@@ -238,7 +238,7 @@ def find_warm_start(cell: Cell, data_dir: Path, sources: list[Path],
         return None  # epoch-budgeted or unvalidated runs: keep it simple, train from scratch
     expected = _without_budget(expected_cell_config(cell, data_dir))
     for source, cell_file, found in _finished_cells(sources, cell.seed):
-        if _without_budget(_recorded_config(found)) != expected:
+        if _without_budget(recorded_config(found)) != expected:
             continue
         if _same_data(data_dir, source / "data" / found["dataset"], []) is not None:
             continue

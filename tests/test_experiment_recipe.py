@@ -1,6 +1,8 @@
 """One recipe per grid (ranmt.experiment.recipe): a cell about to train with a training, data
 or decoding setting other than the grid's finished cells of its dataset is named, in the
-run's log and in ``--dry-run``; what the variants set, the seed and the precision are not."""
+run's log and in ``--dry-run``; what the variants set, the seed and the precision are not.
+And results.md says when the cost columns mix machines or thread counts
+(ranmt.experiment.results.machine_note)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ranmt.cli import main
 from ranmt.experiment import Cell, expected_cell_config, load_experiment
 from ranmt.experiment.preparation import prepare_once
 from ranmt.experiment.recipe import flatten, recipe_differences
+from ranmt.experiment.results import machine_note
 
 
 def _grid(tmp_path, overrides: dict) -> object:
@@ -95,3 +98,23 @@ def test_a_cell_with_another_recipe_than_the_finished_cells_is_named(tmp_path, c
     assert said == []
     main(["experiment", str(fixed), "--dry-run"])
     assert "recipe:" not in capsys.readouterr().out
+
+
+def test_results_say_when_cost_columns_mix_machines_or_thread_counts():
+    """Two CPUs, or one CPU at 2 and at 1 thread: a note naming each group's cells (counted
+    past four); one kind of machine, or cells from before the machine was recorded: none."""
+    def cell(variant, seed, cpu="AMD EPYC; avx512_bf16", threads=2, **extra):
+        machine = {"cpu": cpu, "device": "cpu", "cores": 2, "threads": threads, **extra}
+        return {"dataset": "d", "variant": variant, "seed": seed, "machine": machine}
+
+    same = [cell("TransF", 1), cell("RAN", 1), {"dataset": "d", "variant": "old", "seed": 1}]
+    assert machine_note(same) == ""
+    mixed = same + [cell("RAN", 2, threads=1)]
+    assert machine_note(mixed) == (
+        "> Not every cell finished on the same kind of machine (AMD EPYC; avx512_bf16, 2 "
+        "threads: d / TransF / seed 1; d / RAN / seed 1 | AMD EPYC; avx512_bf16, 1 thread: "
+        "d / RAN / seed 2; where its last training run and its decoding ran): compare the "
+        "cost columns only within a group.\n\n")
+    many = [cell("TransF", seed) for seed in range(5)] + [cell("G", 1, gpu="NVIDIA H200")]
+    assert "2 threads: 5 cells | AMD EPYC; avx512_bf16, 2 threads, NVIDIA H200: d / G / " \
+        "seed 1;" in machine_note(many)

@@ -73,20 +73,40 @@ def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path
 
 
 NAMED_CELLS_AT_MOST = 4
-""":func:`precision_note` names the cells of a precision up to this many, else counts them."""
+""":func:`precision_note` and :func:`machine_note` name the cells of a group up to this many,
+else count them."""
+
+
+def _label(cell: dict) -> str:
+    return f"{cell['dataset']} / {cell['variant']} / seed {cell['seed']}"
+
+
+def _grouped(cells: list[dict], key) -> dict[str, list[str]]:
+    """Finished cells (cell.json dicts) by ``key(cell)`` -> "dataset / variant / seed N"
+    labels; cells for which ``key`` gives None are left out."""
+    groups: dict[str, list[str]] = {}
+    for cell in cells:
+        group = key(cell)
+        if group:
+            groups.setdefault(group, []).append(_label(cell))
+    return groups
+
+
+def _listed(groups: dict[str, list[str]]) -> str:
+    """"GROUP: cell; cell | GROUP: N cells", the largest group first."""
+    parts = []
+    for name, labels in sorted(groups.items(), key=lambda group: (-len(group[1]), group[0])):
+        listed = "; ".join(labels) if len(labels) <= NAMED_CELLS_AT_MOST else \
+            f"{len(labels)} cells"
+        parts.append(f"{name}: {listed}")
+    return " | ".join(parts)
 
 
 def precision_groups(cells: list[dict]) -> dict[str, list[str]]:
     """Finished cells (cell.json dicts) by the precision they record having trained in:
     precision -> "dataset / variant / seed N" labels (cells from before it was recorded
     are left out)."""
-    groups: dict[str, list[str]] = {}
-    for cell in cells:
-        precision = cell.get("train", {}).get("precision")
-        if precision:
-            groups.setdefault(precision, []).append(
-                f"{cell['dataset']} / {cell['variant']} / seed {cell['seed']}")
-    return groups
+    return _grouped(cells, lambda cell: cell.get("train", {}).get("precision"))
 
 
 def precision_note(cells: list[dict]) -> str:
@@ -98,14 +118,35 @@ def precision_note(cells: list[dict]) -> str:
     groups = precision_groups(cells)
     if len(groups) < 2:
         return ""
-    parts = []
-    for precision, names in sorted(groups.items(), key=lambda group: (-len(group[1]), group[0])):
-        listed = "; ".join(names) if len(names) <= NAMED_CELLS_AT_MOST else \
-            f"{len(names)} cells"
-        parts.append(f"{precision}: {listed}")
-    return ("> Not every cell trained in the same precision (" + " | ".join(parts) +
+    return ("> Not every cell trained in the same precision (" + _listed(groups) +
             "): `auto` trains in bf16 only on hardware that computes it natively. "
             "Differences between these cells include that of the precision.\n\n")
+
+
+def _machine(cell: dict) -> str | None:
+    """"CPU, N threads[, GPU]" as cell.json records where the cell finished; None for a
+    cell from before it was recorded."""
+    machine = cell.get("machine")
+    if not machine:
+        return None
+    threads = machine.get("threads")
+    name = machine.get("cpu", "unknown CPU")
+    if threads:
+        name += f", {threads} thread{'' if threads == 1 else 's'}"
+    return name + (f", {machine['gpu']}" if machine.get("gpu") else "")
+
+
+def machine_note(cells: list[dict]) -> str:
+    """A warning for results.md when the finished cells did not all finish on one kind of
+    machine with one thread count (cell.json's ``machine``; cells from before it was
+    recorded are left out), else "": their cost columns (training time, tokens/s, decoding
+    speed) are then not comparable across the groups; their scores are."""
+    groups = _grouped(cells, _machine)
+    if len(groups) < 2:
+        return ""
+    return ("> Not every cell finished on the same kind of machine (" + _listed(groups) +
+            "; where its last training run and its decoding ran): compare the cost columns "
+            "only within a group.\n\n")
 
 
 def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
@@ -144,7 +185,7 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
         for baseline in extra_baselines or []:
             write_comparison(experiment, cells, baseline, log)
         markdown, results = build_tables(experiment, cells)
-    markdown = precision_note(cells) + markdown
+    markdown = precision_note(cells) + machine_note(cells) + markdown
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
                     "`ranmt experiment` to complete the grid.\n\n" + markdown)

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from ranmt.config import ConfigError, DecodeConfig, decode_with
-from ranmt.evaluate import ROUGE_REFERENCE_RULES
+from ranmt.evaluate import ROUGE_REFERENCE_RULES, TASK_METRICS
 from ranmt.experiment.spec import (
     LOAD_OPTIONS,
     SWEEP_KEY,
@@ -21,6 +21,7 @@ from ranmt.experiment.spec import (
     Comparison,
     Dataset,
     Experiment,
+    Reported,
 )
 
 
@@ -43,7 +44,7 @@ def load_experiment(path: str | Path) -> Experiment:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     known = {"name", "out", "datasets", "variants", "seeds", "baseline", "base_config",
              "overrides", "decode", "bootstrap_samples", "alpha", "also_decode",
-             "comparisons"}
+             "comparisons", "reported"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{path}: unknown experiment key(s) {sorted(unknown)}; "
@@ -101,7 +102,53 @@ def load_experiment(path: str | Path) -> Experiment:
         alpha=float(raw.get("alpha", 0.05)), path=path,
         also_decode=_check_also_decode(path, raw.get("decode", {}), raw.get("also_decode")),
         comparisons=_check_comparisons(path, raw.get("comparisons"), dataset_names, names,
-                                       seeds))
+                                       seeds),
+        reported=_check_reported(path, raw.get("reported"), datasets, names, baseline))
+
+
+def _check_reported(path: Path, raw, datasets: list[Dataset], variants: list[str],
+                    baseline: str) -> list[Reported]:
+    """The ``reported`` list, checked: unique names, a source, scores (numbers) for variants
+    of the grid including the entry's baseline (default: the grid's), a dataset of the grid
+    (default: the first) and one of its metrics (default ``bleu``, SacreBLEU)."""
+    if raw is None:
+        return []
+    example = ("[{name: RAN paper Table 2, source: 'Zeng et al. 2021, WMT14 En-De', "
+               "scores: {TransF: 27.12, RAN-ALL: 27.87}}]")
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: reported lists a paper's numbers, e.g. {example}")
+    checked: list[Reported] = []
+    for entry in raw:
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("source"):
+            raise ConfigError(f"{path}: every reported entry needs a name and a source, e.g. "
+                              f"{example}")
+        name = str(entry["name"])
+        unknown = sorted(set(entry) - {"name", "source", "dataset", "baseline", "scores",
+                                       "metric"})
+        if unknown or name in [r.name for r in checked]:
+            raise ConfigError(f"{path}: reported {name}: " + (
+                f"unknown key(s) {unknown}" if unknown else "two entries have this name"))
+        dataset = str(entry.get("dataset", datasets[0].name))
+        by_name = {d.name: d for d in datasets}
+        if dataset not in by_name:
+            raise ConfigError(f"{path}: reported {name}: dataset {dataset} is not in the grid")
+        metric = str(entry.get("metric", "bleu"))
+        if metric not in TASK_METRICS[by_name[dataset].task]:
+            raise ConfigError(f"{path}: reported {name}: metric {metric} is not one of "
+                              f"{TASK_METRICS[by_name[dataset].task]}")
+        scores = entry.get("scores")
+        entry_baseline = str(entry.get("baseline", baseline))
+        if not isinstance(scores, dict) or entry_baseline not in scores or any(
+                isinstance(v, bool) or not isinstance(v, int | float) for v in scores.values()):
+            raise ConfigError(f"{path}: reported {name}: scores maps variants to numbers, "
+                              f"the baseline {entry_baseline} among them")
+        outside = sorted(set(scores) - set(variants))
+        if outside:
+            raise ConfigError(f"{path}: reported {name}: {outside} are not variants of the "
+                              f"grid ({variants})")
+        checked.append(Reported(name, str(entry["source"]), dataset, entry_baseline,
+                                tuple((str(k), float(v)) for k, v in scores.items()), metric))
+    return checked
 
 
 def _check_comparisons(path: Path, raw, datasets: list[str], variants: list[str],

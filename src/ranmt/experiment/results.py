@@ -13,6 +13,7 @@ import yaml
 
 from ranmt.experiment.bootstrap_cache import cache_path, cached_bootstraps
 from ranmt.experiment.preparation import prepare_once
+from ranmt.experiment.reported import reported_tables
 from ranmt.experiment.spec import Cell, Experiment, git_commit
 from ranmt.experiment.tables import build_tables
 
@@ -150,8 +151,9 @@ def machine_note(cells: list[dict]) -> str:
 
 
 def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
-                     log=print) -> Path:
-    """results.vs-BASELINE.md|json: the test tables against another variant of the grid."""
+                     log=print) -> dict:
+    """results.vs-BASELINE.md|json: the test tables against another variant of the grid;
+    returns their numbers (what the .json holds)."""
     markdown, results = build_tables(replace(experiment, baseline=baseline), cells)
     markdown = (f"> Every difference and mark here is against **{baseline}**; the grid's "
                 f"baseline is {experiment.baseline} (results.md).\n\n" + markdown)
@@ -160,7 +162,7 @@ def write_comparison(experiment: Experiment, cells: list[dict], baseline: str,
     path = experiment.out / f"results.vs-{baseline}.md"
     _write_markdown_and_json(path, markdown, results)
     log(f"wrote {path} and {path.with_suffix('.json').name}")
-    return path
+    return results
 
 
 def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) -> None:
@@ -173,19 +175,27 @@ def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) 
 def write_results(experiment: Experiment, grid: list[Cell], log=print,
                   extra_baselines: list[str] | None = None) -> dict:
     """(Re)write results.md and results.json from the finished cells of ``grid`` on disk
-    (written by any worker), and a comparison against each of ``extra_baselines``
-    (:func:`write_comparison`); p-values of pairs tested by an earlier write are taken from
-    its :mod:`~ranmt.experiment.bootstrap_cache`."""
+    (written by any worker), and a comparison against each of ``extra_baselines`` and each
+    baseline of the grid's ``reported`` entries (:func:`write_comparison`); p-values of
+    pairs tested by an earlier write are taken from its
+    :mod:`~ranmt.experiment.bootstrap_cache`."""
     cells = [cell.result() for cell in grid if cell.finished]
     by_name = {dataset.name: dataset for dataset in experiment.datasets}
     for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
         if any(c["dataset"] == dataset.name for c in cells):  # (their references)
             prepare_once(by_name[dataset.references_from], experiment.out, log)
+    # a paper's numbers against another baseline (reported:) come with that comparison
+    extra_baselines = list(dict.fromkeys([*(extra_baselines or []), *(
+        entry.baseline for entry in experiment.reported
+        if entry.baseline != experiment.baseline)]))
     with cached_bootstraps(cache_path(experiment), log) as cache:
-        for baseline in extra_baselines or []:
-            write_comparison(experiment, cells, baseline, log)
+        against = {baseline: write_comparison(experiment, cells, baseline, log)
+                   for baseline in extra_baselines}
         markdown, results = build_tables(experiment, cells)
+    beside_papers = reported_tables(experiment, results, against)
     markdown = precision_note(cells) + machine_note(cells) + markdown
+    if beside_papers:
+        markdown += "\n" + beside_papers
     if len(cells) < len(grid):
         markdown = (f"> Partial: {len(cells)} of {len(grid)} cells finished; rerun "
                     "`ranmt experiment` to complete the grid.\n\n" + markdown)

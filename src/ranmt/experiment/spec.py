@@ -108,6 +108,22 @@ class Comparison:
                 and (self.variants is None or variant in self.variants))
 
 
+@dataclass(frozen=True)
+class Reported:
+    """Scores a paper reports for some of the grid's variants (``reported`` in the grid
+    file), shown beside the grid's own (:mod:`ranmt.experiment.reported`): ``scores`` maps
+    the grid's variant names to the paper's ``metric`` (a key of the dataset's metrics:
+    ``bleu`` is SacreBLEU), ``baseline`` is the variant both differences are taken to,
+    ``source`` says where the numbers come from (paper, table, corpus, model)."""
+
+    name: str
+    source: str
+    dataset: str
+    baseline: str
+    scores: tuple[tuple[str, float], ...]
+    metric: str = "bleu"
+
+
 @dataclass
 class Experiment:
     name: str
@@ -133,6 +149,8 @@ class Experiment:
     comparisons: list[Comparison] = field(default_factory=list)
     """Tables across datasets (``tables.comparison_tables``): distilled against original
     data, students against their teacher."""
+    reported: list[Reported] = field(default_factory=list)
+    """A paper's numbers beside the grid's (``reported.reported_tables``)."""
 
     def __post_init__(self):
         # a YAML mapping {name, overrides} becomes a Variant

@@ -53,8 +53,8 @@ def recipe_differences(cell: Cell, data_dir: Path, finished: list[dict]) -> dict
     """Dotted key -> (the value ``cell`` trains with, sorted JSON texts of the values the
     grid's finished cells of its dataset recorded, how many of them differ) for every
     recipe setting (:data:`RECIPE_SECTIONS`, less :data:`OWN_TO_EACH_CELL` and the keys
-    that either cell's variant sets) where ``cell`` differs from at least one of them. ``finished``:
-    the grid's finished cells' cell.json contents."""
+    that either cell's variant sets) where ``cell`` differs from at least one of them.
+    ``finished``: the grid's finished cells' cell.json contents."""
     ours = flatten(expected_cell_config(cell, data_dir))
     differences: dict[str, tuple] = {}
     for result in finished:
@@ -74,7 +74,7 @@ def recipe_differences(cell: Cell, data_dir: Path, finished: list[dict]) -> dict
 
 def describe_differences(differences: dict[str, tuple], finished: int) -> str:
     """One clause per setting: ``data.pool_batches=8 where 12 of the 12 finished cells
-    trained with 0``."""
+    recorded 0``."""
     return "; ".join(
         f"{key}={json.dumps(value)} where {count} of the {finished} finished cells recorded "
         f"{' / '.join(values)}" for key, (value, values, count) in differences.items())

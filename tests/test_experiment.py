@@ -136,6 +136,11 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
     assert len(wmt["cells"]) == 21
     assert {c["tokens_per_step_per_rank"] for c in wmt["cells"]} == {25_000}
     assert "newstest2014" in wmt["datasets"]["wmt14-en-de"][0]
+    dialogsum = plan_experiment(root / "configs/experiments/dialogsum.yaml",
+                                out=tmp_path / "s", log=lambda _m: None)
+    # issue 100 item 5: every test reference scored, the rule named
+    assert "three references; a line's ROUGE is the max over them" in \
+        dialogsum["datasets"]["dialogsum"][0]
 
 
 def test_dry_run_of_the_german_english_grid(tmp_path, capsys):

@@ -41,7 +41,8 @@ def _dataset_notes(dataset, root: Path) -> list[str]:
         if name == "multi30k":
             return [f"downloads multi30k {spec.get('pair', f'{dataset.src}-{dataset.tgt}')}"]
         if name == "dialogsum":
-            return ["reads DialogSum (train / dev / test, the test's first reference) from "
+            return ["reads DialogSum (train / dev / test with its three references; a "
+                    f"line's ROUGE is the {dataset.rouge_references} over them) from "
                     "RANMT_DATA_DIR or the spec's `from`"]
         if name not in available():
             raise ConfigError(f"dataset {dataset.name}: cannot download '{name}' (available: "

@@ -322,3 +322,10 @@ def compare_over_seeds(baseline: dict[int, float], variant: dict[int, float],
 
 def significance_marks(comparison: dict) -> str:
     return ("†" if comparison["dagger"] else "") + ("‡" if comparison["double_dagger"] else "")
+
+
+def marks_suffix(comparison: dict | None) -> str:
+    """The seed rule's marks as a table cell appends them: " †", " †‡" or "" (also where
+    there was no comparison)."""
+    marks = significance_marks(comparison) if comparison else ""
+    return f" {marks}" if marks else ""

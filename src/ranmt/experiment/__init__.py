@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ranmt.checkpoint import CheckpointError, resolve_checkpoint, step_checkpoints
 from ranmt.config import ConfigError
+from ranmt.evaluate import compare_over_seeds, significance_marks
 from ranmt.experiment.cells import (
     CellInterrupted,
     decode_also,
@@ -42,7 +43,7 @@ from ranmt.experiment.reuse import (
     warm_start_state,
 )
 from ranmt.experiment.spec import WORK_ENV, Cell, Dataset, Experiment, Variant
-from ranmt.experiment.tables import build_tables, compare_over_seeds, significance_marks
+from ranmt.experiment.tables import build_tables
 
 __all__ = ["Cell", "CellInterrupted", "Dataset", "Experiment", "Variant", "WORK_ENV",
            "adopt_cell", "build_tables", "compare_over_seeds", "expected_cell_config",

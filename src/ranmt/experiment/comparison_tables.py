@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.evaluate import compare_over_seeds, significance_marks
+from ranmt.evaluate import compare_over_seeds, marks_suffix
 from ranmt.experiment.spec import Comparison, Experiment
 from ranmt.experiment.table_parts import (
     ROW_NAMES,
@@ -88,8 +88,7 @@ def _comparison_row(experiment: Experiment, comparison: Comparison, test: str,
             # one counterpart run (fixed_seed): its seed spread is unknown, no Welch's test
             significance = compare_over_seeds(other, own, pvalues[metric], experiment.alpha,
                                               seed_spread=not comparison.fixed_seed)
-            marks = significance_marks(significance)
-            text += f" {marks}" if marks else ""
+            text += marks_suffix(significance)
         texts.append(text)
         entry[metric] = {"per_seed": {str(k): v for k, v in own.items()},
                          "against_per_seed": {str(k): v for k, v in other.items()},

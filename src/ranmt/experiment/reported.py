@@ -11,7 +11,7 @@ RESULTS.md's ablations at convergence) never copies a number by hand.
 
 from __future__ import annotations
 
-from ranmt.evaluate import significance_marks
+from ranmt.evaluate import marks_suffix
 from ranmt.experiment.spec import Experiment, Reported
 from ranmt.experiment.table_parts import ROW_NAMES, format_score
 
@@ -28,9 +28,7 @@ def _ours(scores: dict, significance: dict, variant: str, baseline: str,
     if variant == baseline or base is None:
         return text, ""
     delta = f"{numbers['mean'] - base['mean']:+.2f}"
-    comparison = significance.get(variant, {}).get(metric)
-    marks = significance_marks(comparison) if comparison else ""
-    return text, delta + (f" {marks}" if marks else "")
+    return text, delta + marks_suffix(significance.get(variant, {}).get(metric))
 
 
 def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> list[str]:

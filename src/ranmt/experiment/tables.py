@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from ranmt.data.corpus import raw_text
-from ranmt.evaluate import compare_over_seeds, significance_marks
+from ranmt.evaluate import compare_over_seeds, marks_suffix
 from ranmt.experiment.comparison_tables import comparison_tables
 from ranmt.experiment.spec import Dataset, Experiment, flow
 from ranmt.experiment.table_parts import (
@@ -85,9 +85,7 @@ def _test_table(experiment: Experiment, dataset: Dataset, test: str,
             if name != experiment.baseline and experiment.baseline in scores:
                 base_mean = statistics.mean(scores[experiment.baseline][metric].values())
                 delta = statistics.mean(scores[name][metric].values()) - base_mean
-                text += f" ({delta:+.2f})"
-                if comparison is not None and significance_marks(comparison):
-                    text += " " + significance_marks(comparison)
+                text += f" ({delta:+.2f})" + marks_suffix(comparison)
             row.append(text)
         lines.append(f"| {ROW_NAMES.get(metric, metric)} | " + " | ".join(row) + " |")
     lines.append("")

@@ -141,6 +141,10 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
     # issue 100 item 5: every test reference scored, the rule named
     assert "three references; a line's ROUGE is the max over them" in \
         dialogsum["datasets"]["dialogsum"][0]
+    from ranmt.experiment import load_experiment
+
+    summaries = load_experiment(root / "configs/experiments/dialogsum.yaml").cells()
+    assert {c.config().train.valid_metric for c in summaries} == {"rougeL"}  # its test metric
 
 
 def test_dry_run_of_the_german_english_grid(tmp_path, capsys):

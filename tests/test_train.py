@@ -154,6 +154,32 @@ def test_early_stopping_after_patience(reverse_data, tmp_path):
     assert math.isfinite(best["valid"]["valid_loss"])
 
 
+def test_the_validation_metric_picks_the_best_checkpoint_and_a_resume_keeps_it(
+        reverse_data, tmp_path):
+    """train.valid_metric: the greedy decode scored with chrF (not BLEU) chooses the best
+    step; a resumed run with another metric goes on with the one it started with; switching
+    to the loss is refused."""
+    from ranmt.config import ConfigError
+
+    chrf = {"train.validate_bleu": "true", "train.valid_metric": "chrf",
+            "train.validate_every": 4, "train.max_steps": 8}
+    first = train(_cfg(**chrf), reverse_data, tmp_path / "run")
+    scores = {v["step"]: v["valid_chrf"] for v in first["validations"]}
+    assert sorted(scores) == [4, 8] and not any("valid_bleu" in v
+                                                for v in first["validations"])
+    assert first["valid_metric"] == "chrf" and first["best_valid_bleu"] is None
+    assert first["best_valid_score"] == max(scores.values())
+    assert first["best_step"] == max(scores, key=lambda step: (scores[step], -step))
+    again = train(_cfg(**{**chrf, "train.valid_metric": "bleu", "train.max_steps": 12}),
+                  reverse_data, tmp_path / "run")
+    assert again["valid_metric"] == "chrf" and "valid_chrf" in again["validations"][-1]
+    assert "train.valid_metric=chrf (as the run started" in \
+        (tmp_path / "run/train.log").read_text()
+    with pytest.raises(ConfigError, match="chosen by chrf, not loss"):
+        train(_cfg(**{**chrf, "train.validate_bleu": "false", "train.max_steps": 16}),
+              reverse_data, tmp_path / "run")
+
+
 def test_progress_bar_on_a_terminal_only(reverse_data, tmp_path, monkeypatch):
     """Redirected stderr (a log file) gets the log lines but no carriage-return frames."""
     import sys

@@ -42,6 +42,7 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 HostReads = Literal["auto", "step", "log"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
+ValidMetric = Literal["bleu", "chrf", "rouge1", "rouge2", "rougeL"]
 
 
 class ConfigError(ValueError):
@@ -201,9 +202,15 @@ class TrainConfig:
     validate_every: int = 1000
     """Validate (loss and BLEU) every this many steps, and at the end."""
     validate_bleu: bool = True
-    """Compute validation BLEU (greedy) at each validation; the best checkpoint uses it."""
+    """Decode the validation set (greedy) at each validation and score it with
+    ``valid_metric``; the best checkpoint and early stopping use that score (false: the
+    validation loss)."""
+    valid_metric: ValidMetric = "bleu"
+    """bleu | chrf | rouge1 | rouge2 | rougeL: the score of the validation decode (rougeL
+    for summarization, scored as the test sets are). A resumed run keeps the metric it
+    started with."""
     valid_max_sentences: int = 0
-    """Score BLEU on at most this many validation sentences (0 = all)."""
+    """Score at most this many validation sentences (0 = all)."""
     log_every: int = 100
     """Log a line (loss, lr, tokens/s) every this many steps."""
     keep_last: int = 2

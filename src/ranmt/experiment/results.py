@@ -15,16 +15,19 @@ from ranmt.experiment.bootstrap_cache import cache_path, cached_bootstraps
 from ranmt.experiment.preparation import prepare_once
 from ranmt.experiment.reported import reported_tables
 from ranmt.experiment.spec import Cell, Experiment, git_commit
+from ranmt.experiment.table_parts import valid_metric_name
 from ranmt.experiment.tables import build_tables
 
 _VALIDATE_LINE = re.compile(r"^validate step (\d+):.*?valid_bleu ([\d.]+)", re.MULTILINE)
 
 
 def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, float]]:
-    """(step, validation BLEU) of a cell: from its summary, else parsed from its train.log."""
+    """(step, validation score) of a cell, the score that chose its best checkpoint
+    (``train.valid_metric``): from its summary, else (BLEU) parsed from its train.log."""
     history = cell["train"].get("validations")
     if history:
-        return [(v["step"], v["valid_bleu"]) for v in history if "valid_bleu" in v]
+        key = f"valid_{cell['train'].get('valid_metric', 'bleu')}"
+        return [(v["step"], v[key]) for v in history if key in v]
     names = (cell["dataset"], cell["variant"], cell["seed"])
     cell_dir, run_dir = experiment.cell_dir(*names), experiment.run_dir(*names)
     for log_file in (cell_dir / "train.log", run_dir / "train.log"):
@@ -36,7 +39,8 @@ def validation_curve(experiment: Experiment, cell: dict) -> list[tuple[int, floa
 
 
 def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path) -> bool:
-    """Validation BLEU against optimizer steps, one line per cell; False if nothing to plot."""
+    """Validation score (BLEU, or the cells' ``train.valid_metric``) against optimizer
+    steps, one line per cell; False if nothing to plot."""
     curves = [(cell, validation_curve(experiment, cell)) for cell in cells]
     curves = [(cell, points) for cell, points in curves if len(points) >= 2]
     if not curves:
@@ -63,7 +67,7 @@ def plot_validation_curves(experiment: Experiment, cells: list[dict], path: Path
             axis.plot([best], [bleu[steps.index(best)]], "o", color=colours[index % len(colours)],
                       markersize=8, fillstyle="none")
     axis.set_xlabel("optimizer step")
-    axis.set_ylabel("validation BLEU (greedy)")
+    axis.set_ylabel(f"validation {valid_metric_name([c for c, _ in curves])} (greedy)")
     axis.set_title(f"{experiment.name}: validation curves (circle: best checkpoint)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)

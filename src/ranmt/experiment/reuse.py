@@ -37,6 +37,7 @@ _FIELDS_ADDED = {
     "data.shape_buckets": [],          # off
     "data.auto_shape_buckets": 0,      # off
     "train.compile_mode": "default",
+    "train.valid_metric": "bleu",      # the best checkpoint chosen by validation BLEU
     "train.host_reads": "auto",        # per-step reads off CUDA, as every trainer before it
     "model.ran.kernel": "auto",        # explicit off CUDA, what RAN computed before the field
     "model.aan": {"ffn_dim": 0, "gate": True},  # read by the AAN decoder only

@@ -21,6 +21,7 @@ from ranmt.config import ConfigError
 from ranmt.experiment.loading import load_placed
 from ranmt.experiment.locks import pid_alive
 from ranmt.experiment.spec import Cell
+from ranmt.experiment.table_parts import best_valid_score
 
 _STEP = re.compile(r"^step (\d+) .*?\| ([\d,.]+) tgt tok/s", re.MULTILINE)
 _VALIDATE = re.compile(r"^validate step (\d+):.*\| best (-?[\d.]+) at step (\d+)$",
@@ -75,7 +76,7 @@ def cell_status(cell: Cell) -> dict:
         result = cell.result()
         train = result.get("train", {})
         entry.update(state="done", step=train.get("steps"), best_step=train.get("best_step"),
-                     best_valid=train.get("best_valid_bleu"),
+                     best_valid=best_valid_score(train),
                      tests={test: scores.get("bleu")
                             for test, scores in result.get("tests", {}).items()})
         return entry

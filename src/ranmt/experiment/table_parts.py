@@ -16,6 +16,23 @@ ROW_NAMES = {"tok_bleu": "BLEU", "bleu": "SacreBLEU", "chrf": "chrF", "ter": "TE
              "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}
 
 
+def best_valid_score(train: dict) -> float | None:
+    """The best validation score of a cell's training summary (``train.valid_metric``;
+    cells from before the field: their BLEU); None where it chose by the loss."""
+    return train["best_valid_score"] if "best_valid_score" in train \
+        else train.get("best_valid_bleu")
+
+
+def valid_metric_name(cells: list[dict]) -> str:
+    """How a table names the best validation scores of these cells: "BLEU", "ROUGE-L"...,
+    "score" where they chose by different metrics."""
+    names = {c["train"].get("valid_metric", "bleu") for c in cells} - {"loss"}
+    if len(names) != 1:
+        return "score"
+    name = names.pop()
+    return "BLEU" if name == "bleu" else ROW_NAMES.get(name, name)
+
+
 def mean_std(values: list[float]) -> tuple[float, float | None]:
     """Mean and sample standard deviation (n - 1) over seeds; std None for one seed."""
     if len(values) == 1:

@@ -16,12 +16,14 @@ from ranmt.experiment.comparison_tables import comparison_tables
 from ranmt.experiment.spec import Dataset, Experiment, flow
 from ranmt.experiment.table_parts import (
     ROW_NAMES,
+    best_valid_score,
     format_score,
     mean_std,
     metrics_in_order,
     paired_p_values,
     read_hyps,
     scored_on,
+    valid_metric_name,
     with_difference,
 )
 
@@ -223,8 +225,10 @@ def _per_seed_table(experiment: Experiment, dataset: Dataset,
 def _training_table(experiment: Experiment, dataset: Dataset,
                     by_variant: dict[str, list[dict]]) -> tuple[list[str], dict]:
     """Per variant: seeds, optimizer steps, best step (still improving?), cost, speed."""
+    every_cell = [c for runs in by_variant.values() for c in runs]
     lines = [f"## {dataset.name} — training and cost per variant", "",
-             "| variant | seeds | steps | best step | best valid BLEU | parameters | "
+             f"| variant | seeds | steps | best step | best valid {valid_metric_name(every_cell)}"
+             " | parameters | "
              "training time (min) | train tgt tok/s | decode sent/s | decode tgt tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     numbers = {}
@@ -234,16 +238,16 @@ def _training_table(experiment: Experiment, dataset: Dataset,
             continue
         timed = scored_on({name: runs}, first_test)[name] if first_test else []
         steps_text, best_text = _steps_text(runs)
-        best_bleu = [c["train"]["best_valid_bleu"] for c in runs
-                     if c["train"].get("best_valid_bleu") is not None]
+        best_scores = [best_valid_score(c["train"]) for c in runs
+                       if best_valid_score(c["train"]) is not None]
         train_min = mean_std([c["train"]["wall_time_s"] / 60 for c in runs])
         train_tok = mean_std([c["train"]["train_tokens_per_s"] for c in runs])
         sent = mean_std([c["tests"][first_test]["sentences_per_s"] for c in timed]) \
             if timed else (0.0, None)
         tok = mean_std([c["tests"][first_test]["target_tokens_per_s"] for c in timed]) \
             if timed else (0.0, None)
-        bleu_text = format_score(*mean_std(best_bleu)) if best_bleu else "-"
-        lines.append(f"| {name} | {len(runs)} | {steps_text} | {best_text} | {bleu_text} | "
+        best_text_score = format_score(*mean_std(best_scores)) if best_scores else "-"
+        lines.append(f"| {name} | {len(runs)} | {steps_text} | {best_text} | {best_text_score} | "
                      f"{runs[0]['parameters']:,} | {format_score(*train_min)} | "
                      f"{format_score(*train_tok)} | {format_score(*sent)} | {format_score(*tok)} |")
         numbers[name] = {

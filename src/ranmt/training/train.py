@@ -36,6 +36,7 @@ from ranmt.checkpoint import (
 )
 from ranmt.config import (
     Config,
+    ConfigError,
     decode_with,
     from_dict,
     parse_duration,
@@ -153,12 +154,18 @@ class Logger:
             self.writer.close()
 
 
+VALID_METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
+                      "rougeL": "ROUGE-L", "loss": "-loss"}
+"""How the log names the score that picks the best checkpoint (``train.valid_metric``)."""
+
+
 @torch.no_grad()
 def validate(model, valid, cfg: Config, device, policy: PrecisionPolicy,
              translator: Translator | None, references: list[str], note=None) -> dict:
-    """Validation loss/perplexity and (optionally) greedy BLEU; the forward passes run in the
-    training steps' regime (``policy.forward()``); ``note`` (a function of one line, default
-    stderr) gets what the caller should know (e.g. truncated pairs)."""
+    """Validation loss/perplexity and (optionally) the greedy decode's ``valid_METRIC``
+    (``train.valid_metric``, default BLEU); the forward passes run in the training steps'
+    regime (``policy.forward()``); ``note`` (a function of one line, default stderr) gets
+    what the caller should know (e.g. truncated pairs)."""
     model.eval()
     total_loss = total_nll = total_tokens = 0.0
     lengths = np.array([len(s) for s in valid.src]), np.array([len(t) for t in valid.tgt])
@@ -184,7 +191,8 @@ def validate(model, valid, cfg: Config, device, policy: PrecisionPolicy,
         ids = [list(map(int, s)) for s in valid.src[:limit]]
         hyps = translator.translate_ids(ids)
         text = translator.tgt_vocab.decode([h[0][0] for h in hyps])
-        result["valid_bleu"] = score(text, references[:limit], metrics=("bleu",))["bleu"]
+        metric = cfg.train.valid_metric
+        result[f"valid_{metric}"] = score(text, references[:limit], metrics=(metric,))[metric]
     model.train()
     return result
 
@@ -287,6 +295,7 @@ class TrainingRun:
         else:
             model = build_model(cfg.model).to(device)
         self._setup_precision()
+        self._setup_valid_metric()
         model.train()
         self.model = model
         trained = self._trained_parameters()  # before DDP: it may turn the weights to bf16
@@ -353,6 +362,24 @@ class TrainingRun:
         torch.set_rng_state(extra["cpu_rng"])
         if self.device.type == "cuda" and "cuda_rng" in extra:
             torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
+
+    def _setup_valid_metric(self) -> None:
+        """The score that picks the best checkpoint, kept in the trainer state like the
+        precision: a resumed run goes on comparing what it compared (runs started before
+        the field: BLEU); the loss where the validation set is not decoded."""
+        wanted = self.t.valid_metric if self.t.validate_bleu else "loss"
+        recorded = self.state.get("valid_metric")
+        if recorded is None and self.resume_from is not None:
+            recorded = "bleu" if self.t.validate_bleu else "loss"
+        if recorded is not None and recorded != wanted:
+            if "loss" in (recorded, wanted):
+                raise ConfigError(f"{self.run_dir} started with the best checkpoint chosen by "
+                                  f"{recorded}, not {wanted}: set train.validate_bleu as it "
+                                  "started or train in a new folder")
+            self.notes.append(f"note: resuming {self.run_dir} with train.valid_metric="
+                              f"{recorded} (as the run started; not {wanted})")
+            self.t.valid_metric = recorded
+        self.state["valid_metric"] = recorded or wanted
 
     def _setup_precision(self) -> None:
         """The run's precision: resolved once when it starts (``auto`` by the hardware,
@@ -717,7 +744,7 @@ class TrainingRun:
             result = validate(self.model, self.valid_split, self.cfg, self.device,
                               self.policy, self.translator, self.references,
                               note=self.log.line)
-        metric = result.get("valid_bleu", -result["valid_loss"])
+        metric = result.get(f"valid_{t.valid_metric}", -result["valid_loss"])
         best = state["best_bleu"]
         if best is None or metric > best:
             state.update({"best_bleu": metric, "best_step": self.step, "bad_validations": 0})
@@ -774,8 +801,12 @@ class TrainingRun:
         tok_s = self.total_tokens / max(self.total_train_time, 1e-9)
         summary = {"steps": self.step, "epochs_completed": self.epoch,
                    "stop_reason": self.stop_reason,
-                   # the trainer state's best_bleu is -valid_loss when BLEU is not validated
-                   "best_valid_bleu": state["best_bleu"] if self.t.validate_bleu else None,
+                   # the trainer state's best_bleu is the best valid_metric's score, or
+                   # -valid_loss when the validation set is not decoded
+                   "valid_metric": state["valid_metric"],
+                   "best_valid_score": state["best_bleu"] if self.t.validate_bleu else None,
+                   "best_valid_bleu": (state["best_bleu"] if self.t.validate_bleu
+                                       and self.t.valid_metric == "bleu" else None),
                    "best_valid_loss": (-state["best_bleu"] if not self.t.validate_bleu
                                        and state["best_bleu"] is not None else None),
                    "best_step": state["best_step"],
@@ -796,7 +827,7 @@ class TrainingRun:
                           f"segments, {stats['num_alloc_retries']} allocator retries "
                           f"(each frees the cache and synchronizes)")
         self.log.line(f"done: {self.stop_reason}; {self.step} steps, {tok_s:,.0f} target "
-                      f"tokens/s, best valid {'BLEU' if self.t.validate_bleu else '-loss'} "
+                      f"tokens/s, best valid {VALID_METRIC_NAMES[state['valid_metric']]} "
                       f"{state['best_bleu']} at step {state['best_step']}")
         if self.ctx.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

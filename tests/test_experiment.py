@@ -144,7 +144,9 @@ def test_dry_run_checks_every_cell_of_every_shipped_grid(tmp_path):
     from ranmt.experiment import load_experiment
 
     summaries = load_experiment(root / "configs/experiments/dialogsum.yaml").cells()
-    assert {c.config().train.valid_metric for c in summaries} == {"rougeL"}  # its test metric
+    # validated by its test metric, with its test decode's length limit
+    assert {(c.config().train.valid_metric, c.config().decode.max_len_a,
+             c.config().decode.max_len_b) for c in summaries} == {("rougeL", 0.5, 20)}
 
 
 def test_dry_run_of_the_german_english_grid(tmp_path, capsys):

@@ -69,9 +69,27 @@ def test_reported_table_sets_ours_and_the_papers_differences_side_by_side():
     lines = reported_table(entry, tests, significance)
     assert lines[0] == "## d — beside Table 2"
     assert lines[4] == ("| variant | seeds | t1 | Δ TransF | t2 | Δ TransF | reported | "
-                        "Δ TransF (reported) |")
+                        "Δ TransF (reported) | reading (t1 / t2) |")
     assert lines[6:] == [
-        "| TransF | 3 | 35.50 ± 0.50 |  | 27.50 ± 0.50 |  | 27.12 |  |",
-        "| -Pos-E | 1 | 26.00 | -9.50 † | 20.00 | -7.50 | 12.90 | -14.22 |",
-        "| RAN-ALL | - | - | - | - | - | 27.87 | +0.75 |",
+        "| TransF | 3 | 35.50 ± 0.50 |  | 27.50 ± 0.50 |  | 27.12 |  |  |",
+        "| -Pos-E | 1 | 26.00 | -9.50 † | 20.00 | -7.50 | 12.90 | -14.22 | "
+        "as the paper, one mark / n.s. |",
+        "| RAN-ALL | - | - | - | - | - | 27.87 | +0.75 | - |",
         ""]
+
+
+def test_a_reading_holds_or_reverses_only_with_both_marks():
+    """The seed rule's answer to a paper's difference: both marks and the paper's sign
+    (holds) or the other (reversed); one mark is not a difference across seeds."""
+    from ranmt.experiment.reported import reading
+
+    both = {"dagger": True, "double_dagger": True}
+    assert reading(-8.8, -14.2, both) == "holds"
+    assert reading(+2.2, -0.3, both) == "reversed"
+    assert reading(+1.0, 0.0, both) == "differs"
+    assert reading(+1.0, +0.3, {"dagger": True, "double_dagger": False}) == \
+        "as the paper, one mark"
+    assert reading(-1.0, +0.3, {"dagger": False, "double_dagger": True}) == \
+        "against the paper, one mark"
+    assert reading(-1.0, +0.3, {"dagger": False, "double_dagger": False}) == "n.s."
+    assert reading(-1.0, +0.3, None) == "n.s."

@@ -4,6 +4,8 @@ mean ± std over seeds on every test set, its difference to the entry's baseline
 seed rule's marks (those of the main tables, or of the comparison against that baseline),
 and the paper's score with its difference to the paper's baseline. The paper's numbers come
 from another corpus and model size: the table sets directions side by side, not values.
+Its last column reads each test set's difference against the paper's by the seed rule
+(:func:`reading`): the paper's direction holds, is reversed, or is not established here.
 
 Rebuilt with every other table from the finished cells, so a document quoting it (e.g.
 RESULTS.md's ablations at convergence) never copies a number by hand.
@@ -31,6 +33,43 @@ def _ours(scores: dict, significance: dict, variant: str, baseline: str,
     return text, delta + marks_suffix(significance.get(variant, {}).get(metric))
 
 
+def reading(ours: float, paper: float, comparison: dict | None) -> str:
+    """One test set's answer to the paper's difference ``paper`` (variant minus baseline):
+    "holds" / "reversed" where ours (``ours``) has both of the seed rule's marks (every
+    seed's bootstrap and Welch's test over the seeds: a difference that holds across seeds)
+    in the paper's / the other direction, "differs" where the paper reports no difference;
+    with one mark "as the paper, one mark" / "against the paper, one mark" (one seed can
+    earn † only); "n.s." with none."""
+    marks = (bool(comparison and comparison["dagger"]),
+             bool(comparison and comparison["double_dagger"]))
+    if not any(marks):
+        return "n.s."
+    direction = ("differs" if paper == 0 else
+                 "holds" if (ours > 0) == (paper > 0) else "reversed")
+    if all(marks):
+        return direction
+    side = {"holds": "as the paper", "reversed": "against the paper"}.get(direction, direction)
+    return f"{side}, one mark"
+
+
+def _readings(entry: Reported, tests: dict, significance_by_test: dict, variant: str,
+              paper_delta: float) -> str:
+    """The :func:`reading` of every test set, "/"-separated; "-" where the variant has no
+    finished cell, "" for the baseline."""
+    if variant == entry.baseline:
+        return ""
+    answers = []
+    for test, numbers in tests.items():
+        scores = numbers["scores"]
+        ours, base = (scores.get(name, {}).get(entry.metric) for name in (variant,
+                                                                          entry.baseline))
+        if ours is None or base is None:
+            return "-"
+        comparison = significance_by_test.get(test, {}).get(variant, {}).get(entry.metric)
+        answers.append(reading(ours["mean"] - base["mean"], paper_delta, comparison))
+    return " / ".join(answers)
+
+
 def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> list[str]:
     """The lines of one entry's table. ``tests``: results.json's ``datasets[D]["tests"]``
     (test -> scores); ``significance_by_test``: test -> variant -> metric -> the comparison
@@ -44,19 +83,22 @@ def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> 
     lines = [f"## {entry.dataset} — beside {entry.name}", "",
              f"{entry.source}. Ours: {metric}, mean ± std over seeds, and its difference to "
              f"{entry.baseline} (the seed rule's marks); reported: the source's score (its "
-             f"metric) and its difference to its {entry.baseline}.", "",
+             f"metric) and its difference to its {entry.baseline}; reading, per test set: the "
+             "reported direction holds or is reversed with both of the seed rule's marks "
+             "(one seed earns † only), n.s. without a mark.", "",
              "| variant | seeds | " + " | ".join(f"{test} | Δ {entry.baseline}" for test in names)
-             + f" | reported | Δ {entry.baseline} (reported) |",
-             "|---|---|" + "---|---|" * len(names) + "---|---|"]
+             + f" | reported | Δ {entry.baseline} (reported) | reading ({' / '.join(names)}) |",
+             "|---|---|" + "---|---|" * len(names) + "---|---|---|"]
     for variant, score in reported.items():
         cells = []
         for test in names:
             cells += _ours(tests[test]["scores"], significance_by_test.get(test, {}), variant,
                            entry.baseline, entry.metric)
-        paper_delta = "" if variant == entry.baseline else \
-            f"{score - reported[entry.baseline]:+.2f}"
+        paper_delta = score - reported[entry.baseline]
+        delta_text = "" if variant == entry.baseline else f"{paper_delta:+.2f}"
+        answer = _readings(entry, tests, significance_by_test, variant, paper_delta)
         lines.append(f"| {variant} | {seeds[variant] or '-'} | " + " | ".join(cells)
-                     + f" | {score:.2f} | {paper_delta} |")
+                     + f" | {score:.2f} | {delta_text} | {answer} |")
     return lines + [""]
 
 

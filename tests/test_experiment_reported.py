@@ -66,7 +66,7 @@ def test_reported_table_sets_ours_and_the_papers_differences_side_by_side():
              "t2": {"scores": _scores(TransF=(27.0, 27.5, 28.0), **{"-Pos-E": (20.0,)})}}
     significance = {"t1": {"-Pos-E": {"bleu": {"dagger": True, "double_dagger": False}}},
                     "t2": {"-Pos-E": {"bleu": {"dagger": False, "double_dagger": False}}}}
-    lines = reported_table(entry, tests, significance)
+    lines, numbers = reported_table(entry, tests, significance)
     assert lines[0] == "## d — beside Table 2"
     assert lines[4] == ("| variant | seeds | t1 | Δ TransF | t2 | Δ TransF | reported | "
                         "Δ TransF (reported) | reading (t1 / t2) |")
@@ -76,6 +76,11 @@ def test_reported_table_sets_ours_and_the_papers_differences_side_by_side():
         "as the paper, one mark / n.s. |",
         "| RAN-ALL | - | - | - | - | - | 27.87 | +0.75 | - |",
         ""]
+    assert numbers["variants"]["-Pos-E"] == {
+        "reported": 12.90, "seeds": 1, "reported_delta": pytest.approx(-14.22),
+        "reading": {"t1": "as the paper, one mark", "t2": "n.s."}}
+    assert numbers["variants"]["TransF"]["reading"] is None
+    assert numbers["variants"]["RAN-ALL"]["reading"] is None
 
 
 def test_a_reading_holds_or_reverses_only_with_both_marks():

@@ -53,27 +53,30 @@ def reading(ours: float, paper: float, comparison: dict | None) -> str:
 
 
 def _readings(entry: Reported, tests: dict, significance_by_test: dict, variant: str,
-              paper_delta: float) -> str:
-    """The :func:`reading` of every test set, "/"-separated; "-" where the variant has no
-    finished cell, "" for the baseline."""
+              paper_delta: float) -> dict[str, str] | None:
+    """Test set -> the :func:`reading` of the variant's difference; None for the baseline
+    or where the variant (or the baseline) has no finished cell."""
     if variant == entry.baseline:
-        return ""
-    answers = []
+        return None
+    answers = {}
     for test, numbers in tests.items():
         scores = numbers["scores"]
         ours, base = (scores.get(name, {}).get(entry.metric) for name in (variant,
                                                                           entry.baseline))
         if ours is None or base is None:
-            return "-"
+            return None
         comparison = significance_by_test.get(test, {}).get(variant, {}).get(entry.metric)
-        answers.append(reading(ours["mean"] - base["mean"], paper_delta, comparison))
-    return " / ".join(answers)
+        answers[test] = reading(ours["mean"] - base["mean"], paper_delta, comparison)
+    return answers
 
 
-def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> list[str]:
-    """The lines of one entry's table. ``tests``: results.json's ``datasets[D]["tests"]``
-    (test -> scores); ``significance_by_test``: test -> variant -> metric -> the comparison
-    against ``entry.baseline``."""
+def reported_table(entry: Reported, tests: dict, significance_by_test: dict
+                   ) -> tuple[list[str], dict]:
+    """The lines of one entry's table and its numbers for results.json (the entry, and
+    per variant the paper's score, its difference and our readings per test set).
+    ``tests``: results.json's ``datasets[D]["tests"]`` (test -> scores);
+    ``significance_by_test``: test -> variant -> metric -> the comparison against
+    ``entry.baseline``."""
     names = list(tests)
     metric = ROW_NAMES.get(entry.metric, entry.metric)
     reported = dict(entry.scores)
@@ -89,6 +92,7 @@ def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> 
              "| variant | seeds | " + " | ".join(f"{test} | Δ {entry.baseline}" for test in names)
              + f" | reported | Δ {entry.baseline} (reported) | reading ({' / '.join(names)}) |",
              "|---|---|" + "---|---|" * len(names) + "---|---|---|"]
+    rows = {}
     for variant, score in reported.items():
         cells = []
         for test in names:
@@ -96,18 +100,27 @@ def reported_table(entry: Reported, tests: dict, significance_by_test: dict) -> 
                            entry.baseline, entry.metric)
         paper_delta = score - reported[entry.baseline]
         delta_text = "" if variant == entry.baseline else f"{paper_delta:+.2f}"
-        answer = _readings(entry, tests, significance_by_test, variant, paper_delta)
+        answers = _readings(entry, tests, significance_by_test, variant, paper_delta)
+        answer = " / ".join(answers.values()) if answers else \
+            "" if variant == entry.baseline else "-"
         lines.append(f"| {variant} | {seeds[variant] or '-'} | " + " | ".join(cells)
                      + f" | {score:.2f} | {delta_text} | {answer} |")
-    return lines + [""]
+        rows[variant] = {"reported": score, "seeds": seeds[variant],
+                         "reported_delta": None if variant == entry.baseline else paper_delta,
+                         "reading": answers}
+    numbers = {"name": entry.name, "source": entry.source, "dataset": entry.dataset,
+               "metric": entry.metric, "baseline": entry.baseline, "variants": rows}
+    return lines + [""], numbers
 
 
-def reported_tables(experiment: Experiment, results: dict, against: dict[str, dict]) -> str:
-    """Every ``reported`` entry's table (:func:`reported_table`) for results.md; ``results``:
+def reported_tables(experiment: Experiment, results: dict, against: dict[str, dict]
+                    ) -> tuple[str, list[dict]]:
+    """Every ``reported`` entry's table (:func:`reported_table`) for results.md, and their
+    numbers for results.json (``reported``); ``results``:
     the main tables' numbers (:func:`~ranmt.experiment.tables.build_tables`), ``against``:
     baseline -> the numbers of the tables against that baseline, for entries whose baseline
     is not the grid's."""
-    parts = []
+    parts, numbers = [], []
     for entry in experiment.reported:
         dataset = results.get("datasets", {}).get(entry.dataset)
         if not dataset or not dataset.get("tests"):
@@ -115,5 +128,7 @@ def reported_tables(experiment: Experiment, results: dict, against: dict[str, di
         source = results if entry.baseline == experiment.baseline else against[entry.baseline]
         tests = source["datasets"][entry.dataset]["tests"]
         significance = {test: tests[test].get("significance", {}) for test in tests}
-        parts.append("\n".join(reported_table(entry, dataset["tests"], significance)))
-    return "\n".join(parts)
+        lines, entry_numbers = reported_table(entry, dataset["tests"], significance)
+        parts.append("\n".join(lines))
+        numbers.append(entry_numbers)
+    return "\n".join(parts), numbers

@@ -196,7 +196,9 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
         against = {baseline: write_comparison(experiment, cells, baseline, log)
                    for baseline in extra_baselines}
         markdown, results = build_tables(experiment, cells)
-    beside_papers = reported_tables(experiment, results, against)
+    beside_papers, beside_numbers = reported_tables(experiment, results, against)
+    if beside_numbers:
+        results["reported"] = beside_numbers
     markdown = precision_note(cells) + machine_note(cells) + markdown
     if beside_papers:
         markdown += "\n" + beside_papers

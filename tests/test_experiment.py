@@ -22,6 +22,7 @@ import ranmt.experiment.tables as tables_module
 from conftest import patch_tables, reverse_task, write_parallel
 from ranmt.cli import main
 from ranmt.config import ConfigError
+from ranmt.evaluate import score
 from ranmt.experiment import run_experiment
 
 
@@ -81,6 +82,15 @@ def test_tiny_grid_table_matches_evaluate_and_resumes(tmp_path, capsys, monkeypa
         evaluated = json.loads(capsys.readouterr().out)
         assert scores[variant]["bleu"]["mean"] == evaluated["bleu"]
         assert scores[variant]["chrf"]["mean"] == evaluated["chrf"]
+        # the cell records its output length as BLEU's brevity penalty counts it
+        hyps = (exp / "runs" / "reverse" / variant / "seed1" / "test.hyp").read_text(
+            encoding="utf-8").splitlines()
+        refs = (exp / "data" / "reverse" / "test.tgt.txt").read_text(
+            encoding="utf-8").splitlines()
+        cell = json.loads((exp / "runs" / "reverse" / variant / "seed1" / "cell.json")
+                          .read_text())
+        assert cell["tests"]["test"]["length_ratio"] == \
+            score(hyps, refs, ("bleu",), length_ratio=True)["length_ratio"]
         row = f"{evaluated['bleu']:.2f}"
         assert row in markdown
 

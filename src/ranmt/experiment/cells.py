@@ -62,7 +62,9 @@ def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
                  name: str | None = None, only: list[str] | None = None) -> dict:
     """Decode and score every test set of the cell's dataset (``only``: those) with
     ``translator``: test -> metrics, the hypothesis file (``TEST.hyp``, ``TEST.NAME.hyp``
-    for an ``also_decode`` setting) and the decoding speed."""
+    for an ``also_decode`` setting), the decoding speed and the output length
+    (``length_ratio``: hypothesis over reference words as BLEU's brevity penalty counts
+    them)."""
     meta = load_meta(data_dir)
     metrics = TASK_METRICS[cell.dataset.task]
     tests = {}
@@ -76,7 +78,7 @@ def decode_tests(cell: Cell, data_dir: Path, translator: Translator,
         write_lines(hyp_path, hyps)
         result = score(hyps, refs, metrics, meta.get("tgt_lang", ""),
                        extra_refs=extra_references(data_dir, test),
-                       rouge_rule=cell.dataset.rouge_references)
+                       rouge_rule=cell.dataset.rouge_references, length_ratio=True)
         target_tokens = sum(len(ids) + 1 for ids in translator.tgt_vocab.encode(hyps))
         result.update({"hyp_file": str(hyp_path), "decode_seconds": seconds,
                        "sentences_per_s": len(hyps) / seconds,

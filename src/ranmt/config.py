@@ -43,6 +43,10 @@ HostReads = Literal["auto", "step", "log"]
 LengthPenaltyStyle = Literal["gnmt", "fairseq"]
 Sampling = Literal["none", "topk", "topp", "eps"]
 ValidMetric = Literal["bleu", "chrf", "rouge1", "rouge2", "rougeL"]
+VALID_METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
+                      "rougeL": "ROUGE-L", "loss": "-loss"}
+"""How logs and tables name the score that picks the best checkpoint (``loss``: the
+validation loss, where the validation set is not decoded)."""
 
 
 class ConfigError(ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ranmt.config import VALID_METRIC_NAMES
 from ranmt.evaluate import BOOTSTRAP_SEED, TASK_METRICS, paired_bootstrap
 from ranmt.experiment import bootstrap_cache
 from ranmt.experiment.spec import Experiment
@@ -29,8 +30,7 @@ def valid_metric_name(cells: list[dict]) -> str:
     names = {c["train"].get("valid_metric", "bleu") for c in cells} - {"loss"}
     if len(names) != 1:
         return "score"
-    name = names.pop()
-    return "BLEU" if name == "bleu" else ROW_NAMES.get(name, name)
+    return VALID_METRIC_NAMES[names.pop()]
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:

@@ -35,6 +35,7 @@ from ranmt.checkpoint import (
     step_checkpoints,
 )
 from ranmt.config import (
+    VALID_METRIC_NAMES,
     Config,
     ConfigError,
     decode_with,
@@ -152,11 +153,6 @@ class Logger:
         self.file.close()
         if self.writer is not None:
             self.writer.close()
-
-
-VALID_METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
-                      "rougeL": "ROUGE-L", "loss": "-loss"}
-"""How the log names the score that picks the best checkpoint (``train.valid_metric``)."""
 
 
 @torch.no_grad()

@@ -1,15 +1,19 @@
-"""docs/RESULTS.md's hand-kept ablation table states what the committed grids hold.
+"""docs/RESULTS.md's hand-kept ablation tables state what the committed grids hold.
 
-The "Ablations at convergence" table of RESULTS.md (issue 100) is edited by hand each time a
-cell lands, from three committed result files: the converged ablation grid's results.json
-(means ± std over the seeds run so far, the Δ against TransF with the seed rule's marks, each
-seed's steps and best step), the 1,000-step ablation grid's results.json (its Δ) and the
-papers' numbers under ``reported``. Every number of a row is read back here and compared with
-those files at the table's precision, so a doc left behind by a new cell (or a typo) fails.
+The "Ablations at convergence" tables of RESULTS.md (issue 100) are edited by hand each time
+a cell lands, from three committed result files: the converged ablation grid's results.json
+(means ± std over the seeds run so far, the Δ against the baseline with the seed rule's
+marks, each seed's steps and best step), the 1,000-step ablation grid's results.json (its Δ)
+and the papers' numbers under ``reported``. Every number of a row is read back here and
+compared with those files at the table's precision, so a doc left behind by a new cell (or a
+typo) fails.
 
-Row shape: ``| model | seeds | steps / best, per seed | test_2016 | Δ TransF | test_2017 |
-Δ TransF | 1,000 steps: Δ TransF | paper: Δ TransF |``. A Δ cell is ``−8.77 †‡``, optionally
-followed by ``(chrF −0.63 †)``: the chrF Δ and its marks, checked as well.
+A table's baseline is the name in its header's first ``Δ`` column (``Δ TransF``; a Table 3
+table's ``Δ RAN-ALL`` reads the grids' results.vs-RAN-ALL.json). Row shape:
+``| model | seeds | steps / best, per seed | test_2016 | Δ | test_2017 | Δ | 1,000 steps: Δ |
+paper: Δ |``. A Δ cell is ``−8.77 †‡``, optionally followed by ``(chrF −0.63 †)``: the chrF
+Δ and its marks, checked as well. A paper Δ cell lists one Δ per ``reported`` table of the
+baseline that has the variant, ``/``-joined in the grid file's order (HC-ALL: IWSLT16 / WMT14).
 """
 
 from __future__ import annotations
@@ -35,18 +39,33 @@ def _number(text: str) -> float:
     return float(text.replace("**", "").replace("−", "-").strip())
 
 
-def _ablation_rows() -> list[list[str]]:
-    """The cells of each row of the section's first table (header and rule left out)."""
+def _ablation_tables() -> list[tuple[str, list[list[str]]]]:
+    """Each table of the section whose header starts ``| model | seeds |``: its baseline (the
+    name after the header's first ``Δ``) and the cells of each row (header and rule left
+    out)."""
     text = DOC.read_text(encoding="utf-8")
     start = text.index(SECTION)
-    lines = text[start:].splitlines()[1:]
-    first = next(i for i, line in enumerate(lines) if line.startswith("| model | seeds |"))
-    rows = []
-    for line in lines[first + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip().replace("**", "") for cell in line.strip("|").split("|")])
-    return rows
+    end = text.find("\n## ", start + len(SECTION))
+    lines = text[start:end if end >= 0 else None].splitlines()
+    tables = []
+    for index, line in enumerate(lines):
+        if not line.startswith("| model | seeds |"):
+            continue
+        baseline = re.search(r"\| Δ (\S+)", line).group(1)
+        rows = []
+        for row in lines[index + 2:]:
+            if not row.startswith("|"):
+                break
+            rows.append([cell.strip().replace("**", "") for cell in row.strip("|").split("|")])
+        tables.append((baseline, rows))
+    return tables
+
+
+def _results(path: Path, baseline: str) -> dict:
+    """A grid's results.json, or its results.vs-BASELINE.json for another baseline."""
+    if baseline != json.loads(path.read_text(encoding="utf-8"))["experiment_config"]["baseline"]:
+        path = path.with_name(f"results.vs-{baseline}.json")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _marks(entry: dict) -> str:
@@ -103,26 +122,38 @@ def test_the_ablation_sections_heading_counts_the_committed_cells():
     assert trained == sum(cell["variant"] not in reused for cell in converged["cells"])
 
 
-def test_the_ablation_table_of_results_md_states_the_committed_cells():
-    converged = json.loads(CONVERGED.read_text(encoding="utf-8"))
-    early = json.loads(EARLY.read_text(encoding="utf-8"))
+def test_the_ablation_tables_of_results_md_state_the_committed_cells():
+    tables = _ablation_tables()
+    assert tables, f"no '| model | seeds |' table under {SECTION!r}"
+    cells = json.loads(CONVERGED.read_text(encoding="utf-8"))["cells"]
+    trained = {cell["variant"] for cell in cells} - {"TransF", "RAN-ALL"}
+    named = [_name(row[0]) for _, rows in tables for row in rows]
+    assert sorted(named) == sorted(trained), "a trained variant is missing a row (or has two)"
+    for baseline, rows in tables:
+        _check_rows(rows, baseline, cells)
+
+
+def _check_rows(rows: list[list[str]], baseline: str, cells: list[dict]) -> None:
+    """One table's rows against the grids' results written against ``baseline`` (``cells``:
+    the converged grid's, from its results.json)."""
+    converged = _results(CONVERGED, baseline)
     tests = converged["datasets"][DATASET]["tests"]
-    early_tests = early["datasets"][DATASET]["tests"]
-    paper = {name: entry["reported_delta"]
-             for table in converged["reported"] for name, entry in table["variants"].items()
-             if table["baseline"] == "TransF" and entry["reported_delta"] is not None}
-    rows = _ablation_rows()
-    trained = {cell["variant"] for cell in converged["cells"]} - {"TransF", "RAN-ALL"}
-    assert {_name(row[0]) for row in rows} == trained, "a trained variant is missing a row"
+    early_tests = _results(EARLY, baseline)["datasets"][DATASET]["tests"]
+    paper: dict[str, list[float]] = {}  # HC-ALL / SH-X: two papers' tables, in file order
+    for table in json.loads(CONVERGED.read_text(encoding="utf-8"))["reported"]:
+        for name, entry in table["variants"].items():
+            if table["baseline"] == baseline and entry["reported_delta"] is not None:
+                paper.setdefault(name, []).append(entry["reported_delta"])
     for row in rows:
         variant = _name(row[0])
         name, seeds, steps, score16, delta16, score17, delta17, early16, paper_delta = row
         scores = {test: tests[test]["scores"][variant]["bleu"] for test in TESTS}
         assert int(seeds) == len(scores[TESTS[0]]["per_seed"]), f"{name}: seeds"
-        assert steps == _steps_cell(converged["cells"], variant), f"{name}: steps / best"
+        assert steps == _steps_cell(cells, variant), f"{name}: steps / best"
         for test, score, delta in zip(TESTS, (score16, score17), (delta16, delta17)):
             _check_score(score, scores[test], f"{name} {test}")
             _check_delta(delta, tests[test]["significance"][variant], f"{name} {test} Δ")
         _check_delta(early16, early_tests[TESTS[0]]["significance"][variant],
-                     f"{name} 1,000 steps Δ")
-        assert _number(paper_delta) == pytest.approx(paper[variant], abs=0.005), f"{name}: paper"
+                     f"{name} 1,000 steps Δ {baseline}")
+        stated = [_number(delta) for delta in paper_delta.split(" / ")]
+        assert stated == pytest.approx(paper[variant], abs=0.005), f"{name}: paper Δ"

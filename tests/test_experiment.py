@@ -494,6 +494,18 @@ def test_step_budgeted_grid_runs_equal_steps_and_selects_cells(tmp_path, capsys)
     assert "against **RAN-ALL**" in (exp / "results.vs-RAN-ALL.md").read_text()
     with pytest.raises(ConfigError, match="--baseline"):
         run_experiment(path, tables_only=True, baselines=["RAN-X"])
+    # a later write without --baseline (a worker landing a cell) keeps that comparison current
+    hidden = moved.with_name("cell.json.away")
+    moved.rename(hidden)
+    main(["experiment", str(path), "--tables-only"])
+    against = json.loads((exp / "results.vs-RAN-ALL.json").read_text())
+    assert against["datasets"]["reverse"]["tests"]["test"]["significance"]["TransF"]["bleu"][
+        "seeds"] == [1]
+    hidden.rename(moved)
+    main(["experiment", str(path), "--tables-only"])
+    against = json.loads((exp / "results.vs-RAN-ALL.json").read_text())
+    assert against["datasets"]["reverse"]["tests"]["test"]["significance"]["TransF"]["bleu"][
+        "seeds"] == [1, 2]
 
 
 def test_a_variant_runs_only_with_its_own_seeds(tmp_path):

@@ -176,11 +176,30 @@ def _write_markdown_and_json(markdown_path: Path, markdown: str, results: dict) 
                                                   encoding="utf-8")
 
 
+def _comparisons(experiment: Experiment, requested: list[str], log) -> list[str]:
+    """The baselines of results.vs-NAME.*: ``requested`` (``--baseline``), each baseline of
+    the grid's ``reported`` entries (a paper's numbers against another baseline come with
+    that comparison) and each comparison already in the output folder, so that a worker
+    that lands a cell keeps an earlier ``--baseline``'s tables current (one whose variant
+    has left the grid is left as written, with a note)."""
+    variants = {variant.name for variant in experiment.variants}
+    present = sorted(path.name[len("results.vs-"):-len(".md")]
+                     for path in experiment.out.glob("results.vs-*.md"))
+    for name in present:
+        if name not in variants:
+            log(f"results.vs-{name}.md left as written: {name} is no longer a variant of the "
+                "grid")
+    names = [*requested, *(entry.baseline for entry in experiment.reported),
+             *(name for name in present if name in variants)]
+    return [name for name in dict.fromkeys(names) if name != experiment.baseline]
+
+
 def write_results(experiment: Experiment, grid: list[Cell], log=print,
                   extra_baselines: list[str] | None = None) -> dict:
     """(Re)write results.md and results.json from the finished cells of ``grid`` on disk
-    (written by any worker), and a comparison against each of ``extra_baselines`` and each
-    baseline of the grid's ``reported`` entries (:func:`write_comparison`); p-values of
+    (written by any worker), and a comparison against each of ``extra_baselines``, each
+    baseline of the grid's ``reported`` entries and each comparison the folder already has
+    (:func:`_comparisons`, :func:`write_comparison`); p-values of
     pairs tested by an earlier write are taken from its
     :mod:`~ranmt.experiment.bootstrap_cache`."""
     cells = [cell.result() for cell in grid if cell.finished]
@@ -188,10 +207,7 @@ def write_results(experiment: Experiment, grid: list[Cell], log=print,
     for dataset in experiment.datasets:  # a fresh clone has the cells, not the prepared data
         if any(c["dataset"] == dataset.name for c in cells):  # (their references)
             prepare_once(by_name[dataset.references_from], experiment.out, log)
-    # a paper's numbers against another baseline (reported:) come with that comparison
-    extra_baselines = list(dict.fromkeys([*(extra_baselines or []), *(
-        entry.baseline for entry in experiment.reported
-        if entry.baseline != experiment.baseline)]))
+    extra_baselines = _comparisons(experiment, extra_baselines or [], log)
     with cached_bootstraps(cache_path(experiment), log) as cache:
         against = {baseline: write_comparison(experiment, cells, baseline, log)
                    for baseline in extra_baselines}

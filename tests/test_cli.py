@@ -44,6 +44,17 @@ def test_contract_subcommands_exist():
         assert parser.parse_args(argv).command == argv[0]
 
 
+def test_experiment_names_that_start_with_a_dash_take_the_equals_form_and_repeat():
+    """Ablation variants are named -Pos-E etc.: ``--baseline=-Pos-E`` (argparse reads a bare
+    ``-Pos-E`` as an option), and the option repeats, adding names."""
+    args = build_parser().parse_args(
+        ["experiment", "g.yaml", "--variants=-Pos-E", "--variants", "TransF", "RAN-ALL",
+         "--baseline=-Pos-E", "--baseline=-Pos-D", "--baseline", "RAN-ALL"])
+    assert args.variants == ["-Pos-E", "TransF", "RAN-ALL"]
+    assert args.baseline == ["-Pos-E", "-Pos-D", "RAN-ALL"]
+    assert build_parser().parse_args(["experiment", "g.yaml"]).baseline == []
+
+
 def test_translate_one_line_out_per_line_in(untrained_run, tmp_path):
     lines = ["a b c", "", "   ", "d e f g h", "p"] * 3
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")

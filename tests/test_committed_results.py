@@ -90,7 +90,7 @@ def _rebuild(grid: str, copy: Path, prepared: dict[str, Path], replay: bool) -> 
     baselines = _baselines(committed)
     try:
         main(["experiment", str(ROOT / recorded["experiment_file"]), "--out", str(copy),
-              "--tables-only", *(["--baseline", *baselines] if baselines else [])])
+              "--tables-only", *(f"--baseline={name}" for name in baselines)])
     finally:
         tables.paired_bootstrap = computed
 

@@ -34,9 +34,10 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
     """The options of ``ranmt experiment``."""
     p.add_argument("config", help="experiment YAML (see configs/experiments/)")
     p.add_argument("--out", help="output directory (default: the file's `out`)")
-    p.add_argument("--variants", nargs="+", metavar="NAME",
+    p.add_argument("--variants", nargs="+", action="extend", metavar="NAME",
                    help="run only these variants' cells (the tables still show every "
-                        "finished cell of the grid)")
+                        "finished cell of the grid; a name that starts with '-' takes the "
+                        "'=' form, --variants=-Pos-E, and the option repeats)")
     p.add_argument("--seeds", nargs="+", type=int, metavar="N",
                    help="run only these seeds' cells")
     p.add_argument("--datasets", nargs="+", metavar="NAME",
@@ -48,10 +49,11 @@ def _args_experiment(p: argparse.ArgumentParser) -> None:
                         "same training (seed, resolved config, identical prepared data) is "
                         "copied instead of trained; a cell whose training only runs longer "
                         "(or validates less often) than one there starts from its checkpoint")
-    p.add_argument("--baseline", nargs="+", metavar="NAME", default=[],
+    p.add_argument("--baseline", nargs="+", action="extend", metavar="NAME", default=[],
                    help="also compare every variant against these variants of the grid "
-                        "(results.vs-NAME.md|json beside results.md; with --tables-only "
-                        "nothing is trained)")
+                        "(results.vs-NAME.md|json beside results.md, kept current by every "
+                        "later write of the tables; with --tables-only nothing is trained; "
+                        "a name that starts with '-': --baseline=-Pos-E, repeatable)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (cells, resolved configs, parameter counts, tokens "
                         "per step) and check every cell; train nothing")

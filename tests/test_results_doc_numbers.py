@@ -125,22 +125,24 @@ def test_the_ablation_sections_heading_counts_the_committed_cells():
 def test_the_ablation_tables_of_results_md_state_the_committed_cells():
     tables = _ablation_tables()
     assert tables, f"no '| model | seeds |' table under {SECTION!r}"
-    cells = json.loads(CONVERGED.read_text(encoding="utf-8"))["cells"]
+    main_results = json.loads(CONVERGED.read_text(encoding="utf-8"))
+    cells = main_results["cells"]
     trained = {cell["variant"] for cell in cells} - {"TransF", "RAN-ALL"}
     named = [_name(row[0]) for _, rows in tables for row in rows]
     assert sorted(named) == sorted(trained), "a trained variant is missing a row (or has two)"
     for baseline, rows in tables:
-        _check_rows(rows, baseline, cells)
+        _check_rows(rows, baseline, main_results)
 
 
-def _check_rows(rows: list[list[str]], baseline: str, cells: list[dict]) -> None:
-    """One table's rows against the grids' results written against ``baseline`` (``cells``:
-    the converged grid's, from its results.json)."""
+def _check_rows(rows: list[list[str]], baseline: str, main_results: dict) -> None:
+    """One table's rows against the grids' results written against ``baseline``
+    (``main_results``: the converged grid's results.json, read once: its cells and the
+    papers' numbers)."""
     converged = _results(CONVERGED, baseline)
     tests = converged["datasets"][DATASET]["tests"]
     early_tests = _results(EARLY, baseline)["datasets"][DATASET]["tests"]
     paper: dict[str, list[float]] = {}  # HC-ALL / SH-X: two papers' tables, in file order
-    for table in json.loads(CONVERGED.read_text(encoding="utf-8"))["reported"]:
+    for table in main_results["reported"]:
         for name, entry in table["variants"].items():
             if table["baseline"] == baseline and entry["reported_delta"] is not None:
                 paper.setdefault(name, []).append(entry["reported_delta"])
@@ -149,7 +151,7 @@ def _check_rows(rows: list[list[str]], baseline: str, cells: list[dict]) -> None
         name, seeds, steps, score16, delta16, score17, delta17, early16, paper_delta = row
         scores = {test: tests[test]["scores"][variant]["bleu"] for test in TESTS}
         assert int(seeds) == len(scores[TESTS[0]]["per_seed"]), f"{name}: seeds"
-        assert steps == _steps_cell(cells, variant), f"{name}: steps / best"
+        assert steps == _steps_cell(main_results["cells"], variant), f"{name}: steps / best"
         for test, score, delta in zip(TESTS, (score16, score17), (delta16, delta17)):
             _check_score(score, scores[test], f"{name} {test}")
             _check_delta(delta, tests[test]["significance"][variant], f"{name} {test} Δ")

@@ -39,12 +39,16 @@ SIGTERM test then missed a 20 s drain (the held request answered 503, 6 runs of 
 server took 39 s to start. Under xdist every test process is at nice 19 already (above)."""
 
 
-SLOWEST_FILES = ("test_demo.py", "test_continuous.py", "test_experiment.py",
-                 "test_distributed.py", "test_launch.py", "test_multi30k.py",
-                 "test_committed_results.py", "test_gpu_step.py", "test_robustness.py")
+SLOWEST_FILES = ("test_compile_step_option.py", "test_demo.py", "test_continuous.py",
+                 "test_experiment.py", "test_distributed.py", "test_launch.py",
+                 "test_multi30k.py", "test_committed_results.py", "test_gpu_step.py",
+                 "test_robustness.py")
 """Test files of a minute or more of one worker's time (``--durations`` under ``make test``
 on 2 cores), sent to the xdist workers first: the longest-first order keeps one long file
-from running alone at the end (the demo ran last, 100 s past the other worker's end)."""
+from running alone at the end (the demo ran last, 100 s past the other worker's end). The
+compiled-step file leads: with torch's kernel cache cold (a new checkout or virtual
+environment: the cache key holds the compiler's include paths) it is 11-12 minutes of one
+worker on a 2-core Zen 3 (5 warm), the longest file by far."""
 
 
 def pytest_collection_modifyitems(config, items):

@@ -104,3 +104,32 @@ def test_a_compiled_search_finds_the_weights_derived_tensors_computed_eagerly(
     assert not traced_empty
     assert_same_hypotheses(compiled, search(model, src, sync_free=True, beam=1,
                                             max_len_a=1.5, max_len_b=4))
+
+
+def test_the_encoder_is_traced_once_with_the_models_floats_as_constants(monkeypatch):
+    """The encoder's dynamic trace takes the model's Python floats (embedding scale, layer
+    norms' eps, dropout's p) as constants: Dynamo does not make them symbolic inputs and
+    then restart the whole trace to specialize them (torch >= 2.6), which cost a compiled
+    search's first encode a second trace."""
+    import logging
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(CompiledStep, "_runner", torch.compile(
+        graphs._run_body, fullgraph=True, dynamic=False, backend="eager"))
+    monkeypatch.setattr(CompiledStep, "_encoder", torch.compile(  # AOT autograd's passes
+        graphs._encode, **CompiledStep.ENCODER_TRACE, backend="aot_eager"))  # restart it
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    torch._logging.set_logs(dynamo=logging.INFO)
+    try:
+        model = tiny_model(seed=3)[0]
+        src, _ = random_batch(batch=3, src_len=7, seed=3)
+        search(model, src, compile_step=True, beam=1, max_len_a=1.0, max_len_b=2)
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(handler)
+    assert any("start tracing _encode" in message for message in records)  # the log is read
+    assert not [message for message in records if "Restarting analysis" in message]

@@ -198,13 +198,14 @@ def test_two_models_of_one_shape_each_decode_with_their_own_weights():
 
 
 @pytest.mark.slow
-@pytest.mark.ci
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("int8", marks=pytest.mark.ci)])
 def test_a_compiled_shortlist_decodes_as_the_eager_one_in_one_graph_per_bucket(precision):
     """The shortlist inside the compiled step: the batch's vocabulary padded to its bucket
     (padding rows -inf), the restricted layer's rows graph inputs -- the eager shortlisted
     search's hypotheses, and a second batch with another vocabulary of the bucket compiles
-    nothing."""
+    nothing. CI runs int8 (the deployed students' precision); fp32's compiled shortlist
+    is checked in CI through the translator (the next test), this one under ``-m slow``
+    (37 s of CI's cold-cache run on a 2-core Zen 3)."""
     from ranmt.inference.quantize import int8_kernel, quantize_model
     from ranmt.inference.shortlist import RestrictedOutput, bucketed_vocabulary, vocabulary_bucket
 

@@ -312,12 +312,14 @@ class CompiledStep:
     def shape_limit(cls, compiled: bool = True) -> Iterator[None]:
         """Dynamo's limit of graphs a function raised to :data:`SHAPES` for a ``compiled``
         search (around the whole search, not each step: entering Dynamo's config patch
-        took 21 us, 4% of a one-sentence search's time, int8 student, Zen 4)."""
+        took 21 us, 4% of a one-sentence search's time, int8 student, Zen 4), and the
+        model's Python floats traced as constants (:data:`_FLOATS_AS_CONSTANTS`)."""
         if not compiled:
             yield
             return
         with torch._dynamo.config.patch(recompile_limit=cls.SHAPES,
-                                        accumulated_recompile_limit=4 * cls.SHAPES):
+                                        accumulated_recompile_limit=4 * cls.SHAPES,
+                                        **_FLOATS_AS_CONSTANTS):
             yield
 
     @classmethod
@@ -344,6 +346,17 @@ class CompiledStep:
 
     _warned = False
     """This process reached :data:`SHAPES` (and warned once): new shapes run eagerly."""
+
+
+_FLOATS_AS_CONSTANTS = ({"specialize_float": True}
+                        if hasattr(torch._dynamo.config, "specialize_float") else {})
+"""The dynamic encoder trace (:meth:`CompiledStep.encode`) with the model's Python floats
+(the embedding scale, layer norms' eps, dropout's p) as constants, as the static step's
+trace has them. Under ``dynamic=True`` Dynamo (torch >= 2.6: ``specialize_float`` off)
+makes each a symbolic input, fails to turn them into tensors, and traces the encoder a
+second time with them specialized: a process's first encoder compile took 14.4-15.5 s
+with that restart and 12.0-12.8 s without (tiny TransF, warm kernel cache, two runs
+each, 2-core Zen 3)."""
 
 
 def _run_body(body: Callable[[], None]) -> None:

@@ -20,6 +20,30 @@ from ranmt.model import EOS_ID
 VOCAB = 40
 
 
+BACKENDS = [pytest.param("inductor"), pytest.param("aot_eager", marks=pytest.mark.ci)]
+"""The search-logic tests below (a span per graph, smaller buckets, the shape limit) run in
+CI through ``aot_eager``: Dynamo's graphs, guards, recompile limit and AOT's
+functionalized step are the ones inductor compiles, without inductor's C++ kernels (a
+cold kernel cache compiles each with gcc: 36-76 s a test on a 2-core Zen 3). Inductor's
+own output (its fused numerics, freezing) is checked in CI by the parity, int8, two-models
+and shortlist tests; the inductor parametrizations here run under ``-m slow``."""
+
+
+def _use_backend(monkeypatch, backend: str) -> None:
+    """``CompiledStep``'s step and encoder compiled through ``backend`` in this test (made
+    anew; the process's own are put back afterwards); inductor's ``options`` (freezing) only
+    where the backend is inductor."""
+    from ranmt.inference.graphs import CompiledStep
+
+    compile_with = torch.compile
+    monkeypatch.setattr(CompiledStep, "_runner", None)
+    monkeypatch.setattr(CompiledStep, "_encoder", None)
+    if backend == "inductor":
+        return
+    monkeypatch.setattr(torch, "compile", lambda function, options=None, **settings:
+                        compile_with(function, backend=backend, **settings))
+
+
 def _sources(seed: int, batch: int = 5, length: int = 7) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     src = torch.randint(4, VOCAB, (batch, length), generator=generator)
@@ -50,9 +74,10 @@ def test_the_compiled_step_gives_the_eager_hypotheses_and_compiles_once_per_shap
 
 
 @pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("beam", [1, 2])
-def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam):
+def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam, backend,
+                                                                     monkeypatch):
     """40 steps (capacity 48): the span widens 16 -> 32 -> 48 between steps, outside the
     graphs, and the compiled search gives the eager one's hypotheses in one graph per span
     plus the first step's (whose histories are new) and the encoder's; a second search
@@ -61,6 +86,7 @@ def test_a_long_compiled_search_widens_its_span_in_a_graph_per_span(beam):
 
     assert CompiledStep.GROW == 16
     torch._dynamo.reset()
+    _use_backend(monkeypatch, backend)
     model, _ = tiny_model(seed=3)
     options = {"beam": beam, "nbest": beam, "fixed_length": 40}
     src = _sources(0, batch=3)
@@ -83,10 +109,10 @@ def _eight_sources() -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("beam, rows_kept", [(1, [2, 1]), (2, [4, 2])])
 def test_a_compiled_search_moves_its_sentences_into_smaller_buckets_as_they_end(
-        beam, rows_kept, monkeypatch):
+        beam, rows_kept, backend, monkeypatch):
     """Eight sources of 1 to 8 tokens, each stopped by its own limit (its length + 2): as
     sentences end the compiled search keeps 2, then 1 sentence (8 / ROWS_SHRINK 4, rounded
     up, once no more than that are decoding; the decoding ones first; a beam search's rows
@@ -96,6 +122,7 @@ def test_a_compiled_search_moves_its_sentences_into_smaller_buckets_as_they_end(
 
     assert graphs.CompiledStep.ROWS_SHRINK == 4
     torch._dynamo.reset()
+    _use_backend(monkeypatch, backend)
     model, _ = tiny_model(seed=3)
     src = _eight_sources()
     options = {"beam": beam, "nbest": beam, "max_len_a": 1.0, "max_len_b": 2}
@@ -114,8 +141,8 @@ def test_a_compiled_search_moves_its_sentences_into_smaller_buckets_as_they_end(
 
 
 @pytest.mark.slow
-@pytest.mark.ci
-def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(backend, monkeypatch):
     """Dynamo refuses a new graph past the recompile limit (with ``fullgraph``, an error):
     past ``CompiledStep.SHAPES`` a new batch shape decodes eagerly, warned once, with the
     same hypotheses, instead of failing the request; Dynamo's own limit warning is logged
@@ -125,6 +152,7 @@ def test_past_its_limit_of_shapes_a_process_decodes_new_shapes_eagerly(monkeypat
     from ranmt.inference import graphs
 
     torch._dynamo.reset()
+    _use_backend(monkeypatch, backend)
     monkeypatch.setattr(graphs.CompiledStep, "SHAPES", 2)
     monkeypatch.setattr(graphs.CompiledStep, "_warned", False)
     model, _ = tiny_model(seed=3)

@@ -47,8 +47,9 @@ SLOWEST_FILES = ("test_compile_step_option.py", "test_demo.py", "test_continuous
 on 2 cores), sent to the xdist workers first: the longest-first order keeps one long file
 from running alone at the end (the demo ran last, 100 s past the other worker's end). The
 compiled-step file leads: with torch's kernel cache cold (a new checkout or virtual
-environment: the cache key holds the compiler's include paths) it is 10-12 minutes of one
-worker on a 2-core Zen 3 (5 warm), the longest file by far."""
+environment: the cache key holds the compiler's include paths) it was 10-12 minutes of one
+worker on a 2-core Zen 3 (5 warm), the longest file by far; 5 minutes cold since its
+search-logic tests run through aot_eager in CI."""
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,12 +21,13 @@ VOCAB = 40
 
 
 BACKENDS = [pytest.param("inductor"), pytest.param("aot_eager", marks=pytest.mark.ci)]
-"""The search-logic tests below (a span per graph, smaller buckets, the shape limit) run in
-CI through ``aot_eager``: Dynamo's graphs, guards, recompile limit and AOT's
-functionalized step are the ones inductor compiles, without inductor's C++ kernels (a
-cold kernel cache compiles each with gcc: 36-76 s a test on a 2-core Zen 3). Inductor's
+"""The search-logic tests below (a span per graph, smaller buckets, the shape limit, the
+translator's shortlist) run in CI through ``aot_eager``: Dynamo's graphs, guards,
+recompile limit and AOT's functionalized step are the ones inductor compiles, without
+inductor's C++ kernels (a cold kernel cache compiles each with gcc: 36-78 s a test on a
+2-core Zen 3). Inductor's
 own output (its fused numerics, freezing) is checked in CI by the parity, int8, two-models
-and shortlist tests; the inductor parametrizations here run under ``-m slow``."""
+and int8 shortlist tests; the inductor parametrizations here run under ``-m slow``."""
 
 
 def _use_backend(monkeypatch, backend: str) -> None:
@@ -231,9 +232,9 @@ def test_a_compiled_shortlist_decodes_as_the_eager_one_in_one_graph_per_bucket(p
     """The shortlist inside the compiled step: the batch's vocabulary padded to its bucket
     (padding rows -inf), the restricted layer's rows graph inputs -- the eager shortlisted
     search's hypotheses, and a second batch with another vocabulary of the bucket compiles
-    nothing. CI runs int8 (the deployed students' precision); fp32's compiled shortlist
-    is checked in CI through the translator (the next test), this one under ``-m slow``
-    (37 s of CI's cold-cache run on a 2-core Zen 3)."""
+    nothing. CI runs int8 (the deployed students' precision); fp32 under ``-m slow`` (37 s
+    of CI's cold-cache run on a 2-core Zen 3), as the translator's shortlist through
+    inductor (the next test)."""
     from ranmt.inference.quantize import int8_kernel, quantize_model
     from ranmt.inference.shortlist import RestrictedOutput, bucketed_vocabulary, vocabulary_bucket
 
@@ -266,11 +267,13 @@ def test_a_compiled_shortlist_decodes_as_the_eager_one_in_one_graph_per_bucket(p
 
 
 @pytest.mark.slow
-@pytest.mark.ci
-def test_the_translator_decodes_a_compiled_shortlist_as_the_eager_one(reverse_run, reverse_data,
-                                                                       tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_translator_decodes_a_compiled_shortlist_as_the_eager_one(
+        backend, reverse_run, reverse_data, tmp_path, monkeypatch):
     """``--compile-step --shortlist`` through the translator (the batch's vocabulary
-    bucketed there) on a trained model: the eager shortlisted translator's outputs."""
+    bucketed there) on a trained model: the eager shortlisted translator's outputs. CI
+    runs the translator's side through aot_eager (inductor's shortlisted step: the int8
+    parametrization above; 78 s of CI's cold-cache run with inductor, 2-core Zen 3)."""
     import shutil
 
     from ranmt.cli import main
@@ -282,6 +285,7 @@ def test_the_translator_decodes_a_compiled_shortlist_as_the_eager_one(reverse_ru
     main(["shortlist", "--data", str(reverse_data), "--out", str(run), "--k", "6",
           "--frequent", "4"])
     torch._dynamo.reset()
+    _use_backend(monkeypatch, backend)
     eager = Translator.load(run, device="cpu", beam=2, shortlist=True)
     compiled = Translator.load(run, device="cpu", beam=2, shortlist=True, compile_step=True)
     sources = eager.encode_sources(raw_text(reverse_data, "test", "src")[:6])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,13 +36,50 @@ if "LOCAL_RANK" in os.environ:
 
 
 def _run(data, run, nproc: int, *extra: str, env: dict | None = None) -> None:
+    """``ranmt train`` in ``nproc`` processes (torchrun over 1). Past :data:`RUN_TIMEOUT`
+    the launcher and its workers get SIGABRT, on which Python's faulthandler
+    (on for them) prints each thread's stack, and the test fails with them: once in CI a
+    two-process run of 4 steps wrote its summary and never exited (600 s; a worker
+    deadlocked in gloo's destructor: ``ranmt.training.distributed.hold_until_exit``), and
+    the worker outlived the test."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
     argv = launcher + ["-m", "ranmt", "train", "--data", str(data), "--out", str(run),
                        *COMMON, *extra]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600,
-                            env=None if env is None else {**os.environ, **env})
-    assert result.returncode == 0, result.stderr[-3000:]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True,
+                               env={**os.environ, **(env or {}), "PYTHONFAULTHANDLER": "1"})
+    try:
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        workers = _children(process.pid)  # torchrun starts each in a session of its own
+        for pid in workers + [process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            for pid in workers + [process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.wait()
+        pytest.fail(f"{' '.join(argv[:6])} ... still running after {RUN_TIMEOUT} s; "
+                    f"its stacks:\n{stderr[-12000:]}")
+    assert process.returncode == 0, stderr[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux: /proc; elsewhere none)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    return children
+
+
+RUN_TIMEOUT = 240
+"""Seconds a test's training run may take: 8-14 s on 2 cores (20 s beside a test worker)."""
 
 
 def test_two_processes_equal_one_process_with_the_same_effective_batch(reverse_data,

@@ -95,6 +95,22 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
+_HELD_UNTIL_EXIT: list = []
+"""This process's ``DistributedDataParallel`` wrappers (:func:`hold_until_exit`)."""
+
+
+def hold_until_exit(wrapper) -> None:
+    """Keep a DDP ``wrapper`` alive until the process ends (a torchrun worker ends with
+    :func:`exit_worker`, which runs no destructor). Freed on the main thread, it frees its
+    reducer and with it gloo's process group, whose destructor joins gloo's run-loop thread
+    while holding the GIL; that thread, still destroying the shutdown barrier's work (which
+    holds an earlier broadcast's tensors), waits for the GIL to drop their Python objects:
+    a deadlock. Once in CI a worker that had written its summary hung there (gdb: main
+    thread in ``~ProcessGroupGloo`` -> ``std::thread::join``, ``pt_gloo_runloop`` in
+    ``~AsyncBarrierWork`` -> ``decref_pyobject`` -> ``take_gil``)."""
+    _HELD_UNTIL_EXIT.append(wrapper)
+
+
 def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 

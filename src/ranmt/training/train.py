@@ -73,6 +73,7 @@ from ranmt.training.distributed import (
     all_reduce_sum,
     barrier,
     broadcast_object,
+    hold_until_exit,
     init_distributed,
     shutdown,
 )
@@ -304,6 +305,7 @@ class TrainingRun:
         if self.ctx.enabled:
             self.step_model = self.ddp_model = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
+            hold_until_exit(self.ddp_model)  # never freed: a deadlock in gloo (its docstring)
         t = self.t
         self.deferred = self._reads_deferred()
         fused = bool(self.policy.fused_optimizer or self.deferred)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import graphs_compiled, logged_losses
 from ranmt.config import load_config
+from ranmt.serving.launcher import processes_below
 from ranmt.training.train import train
 
 COMMON = ["model.preset=tiny", "model.dropout=0.0", "train.lr=0.003", "train.warmup_steps=10",
@@ -52,7 +52,7 @@ def _run(data, run, nproc: int, *extra: str, env: dict | None = None) -> None:
     try:
         _, stderr = process.communicate(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
-        workers = _children(process.pid)  # torchrun starts each in a session of its own
+        workers = sorted(processes_below(process.pid))  # each in a session of its own
         for pid in workers + [process.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGABRT)
@@ -66,16 +66,6 @@ def _run(data, run, nproc: int, *extra: str, env: dict | None = None) -> None:
         pytest.fail(f"{' '.join(argv[:6])} ... still running after {RUN_TIMEOUT} s; "
                     f"its stacks:\n{stderr[-12000:]}")
     assert process.returncode == 0, stderr[-3000:]
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux: /proc; elsewhere none)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(stat.parent.name))
-    return children
 
 
 RUN_TIMEOUT = 240

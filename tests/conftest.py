@@ -76,6 +76,14 @@ def pytest_runtest_makereport(item, call):
                            f"{reason}")
 
 
+def signal_each(pids, signum: int) -> None:
+    """Send ``signum`` to every process of ``pids``, passing over those already gone: the
+    cleanup of a test that started processes, pass or fail."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
 def load_script(relative_path: str):
     """A script of the checkout (``benchmarks/...py``, ``scripts/...py``) imported as a module
     for its tests."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import torch
 import torch._dynamo
 from safetensors.torch import load_file
 
-from conftest import graphs_compiled, logged_losses
+from conftest import graphs_compiled, logged_losses, signal_each
 from ranmt.config import load_config
 from ranmt.serving.launcher import processes_below
 from ranmt.training.train import train
@@ -53,15 +52,11 @@ def _run(data, run, nproc: int, *extra: str, env: dict | None = None) -> None:
         _, stderr = process.communicate(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         workers = sorted(processes_below(process.pid))  # each in a session of its own
-        for pid in workers + [process.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGABRT)
+        signal_each(workers + [process.pid], signal.SIGABRT)
         try:
             _, stderr = process.communicate(timeout=30)
         finally:
-            for pid in workers + [process.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            signal_each(workers + [process.pid], signal.SIGKILL)
             process.wait()
         pytest.fail(f"{' '.join(argv[:6])} ... still running after {RUN_TIMEOUT} s; "
                     f"its stacks:\n{stderr[-12000:]}")

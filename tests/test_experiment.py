@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import yaml
 import ranmt.experiment as experiment_module
 import ranmt.experiment.cells as cells_module
 import ranmt.experiment.tables as tables_module
-from conftest import patch_tables, reverse_task, write_parallel
+from conftest import patch_tables, reverse_task, signal_each, write_parallel
 from ranmt.cli import main
 from ranmt.config import ConfigError
 from ranmt.evaluate import score
@@ -1159,9 +1158,7 @@ def test_grid_workers_script_stops_every_worker_on_sigint_with_checkpoints_saved
         script.send_signal(signal.SIGINT)
         assert script.wait(timeout=120) != 0
     finally:  # pass or fail, nothing it started outlives the test
-        for pid in started | processes_below(script.pid) | {script.pid}:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_each(started | processes_below(script.pid) | {script.pid}, signal.SIGKILL)
         script.wait(timeout=30)
     runs = tmp_path / "exp" / "runs" / "reverse"
     for variant in ("TransF", "RAN-ALL"):

@@ -619,6 +619,15 @@ def test_reuse_copies_the_same_training_from_another_grid_and_nothing_else(tmp_p
     assert find_reusable_cell(seed2, out / "data" / "reverse", [tmp_path / "first"],
                               messages.append) is None  # other seed
 
+    # the same training whose grid's data folder was never prepared here (data/ is not
+    # committed with the cells): an error that says how to prepare it, not hours of training
+    (tmp_path / "first" / "data").rename(tmp_path / "first-data")
+    with pytest.raises(ConfigError, match=r"cannot be compared.*--tables-only"):
+        find_reusable_cell(seed1, out / "data" / "reverse", [tmp_path / "first"],
+                           messages.append)
+    assert find_reusable_cell(seed2, out / "data" / "reverse", [tmp_path / "first"],
+                              messages.append) is None  # no candidate: nothing to prepare
+
 
 def test_warm_start_state_keeps_only_what_the_longer_training_would_hold():
     """The trainer state a warm-started cell takes over: the source's validations at the

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ranmt.checkpoint import CheckpointError, read_meta, step_checkpoints, write_meta
-from ranmt.config import decode_with, to_dict
+from ranmt.config import ConfigError, decode_with, to_dict
 from ranmt.data.corpus import fill_config_from_data
 from ranmt.experiment.spec import Cell, source_run_dir
 from ranmt.inference.translator import device_kind
@@ -125,17 +125,18 @@ def precision_it_trains_in(cell: Cell, data_dir: Path) -> str:
     return expected_cell_config(cell, data_dir)["train"]["precision"]
 
 
-def _same_data(ours: Path, theirs: Path, tests: list[str]) -> str | None:
+def _same_data(ours: Path, theirs: Path, tests: list[str]) -> tuple[str, str] | None:
     """None when two prepared-data folders hold identical training data and test sets,
-    else the first difference."""
+    else the first difference as (kind, text): kind ``missing`` (a file of ``theirs`` is not
+    there, so nothing can be compared) or ``differs``."""
     names = list(_TRAINING_DATA_FILES) + [f"{test}.{side}.txt" for test in tests
                                           for side in ("src", "tgt")]
     for name in names:
         mine, other = _digest(ours / name), _digest(theirs / name)
         if other is None:
-            return f"{theirs / name} is missing"
+            return "missing", f"{theirs / name} is missing"
         if mine != other:
-            return f"{name} differs"
+            return "differs", f"{name} differs"
     return None
 
 
@@ -157,9 +158,15 @@ def find_reusable_cell(cell: Cell, data_dir: Path, sources: list[Path],
     test set of this dataset. Returns (its cell folder, its cell.json) or None.
 
     Training is deterministic on a given machine for a given config and seed, so such a
-    cell is what this one would compute; reusing it saves its training time."""
+    cell is what this one would compute; reusing it saves its training time.
+
+    Raises ConfigError when the only candidates are cells whose grid has no prepared data
+    to compare with (its ``data/`` folder, not committed with the cells, was never built
+    on this machine): the user asked for a reuse that a data preparation would allow, and
+    training the cell again instead would silently cost its whole training time."""
     expected = expected_cell_config(cell, data_dir)
     tests = list(cell.dataset.tests)
+    unverifiable = []
     for source, cell_file, found in _finished_cells(sources, cell.seed):
         if recorded_config(found) != expected:
             continue
@@ -169,10 +176,21 @@ def find_reusable_cell(cell: Cell, data_dir: Path, sources: list[Path],
             continue
         difference = _same_data(data_dir, source / "data" / found["dataset"], tests)
         if difference is not None:
+            kind, text = difference
+            if kind == "missing":
+                unverifiable.append((source, cell_file.parent, text))
             log(f"not reusing {cell_file.parent}: its prepared data cannot be shown "
-                f"identical ({difference})")
+                f"identical ({text})")
             continue
         return cell_file.parent, found
+    if unverifiable:
+        source, cell_dir, text = unverifiable[0]
+        raise ConfigError(
+            f"--reuse: {cell_dir} is the same training as {cell.label} (config and seed) but "
+            f"its grid's prepared data cannot be compared with this one's ({text}). Prepare "
+            f"that grid's data first (no training): `ranmt experiment <its grid file> --out "
+            f"{source} --tables-only`, then rerun; or drop --reuse {source} to train the "
+            f"cell here.")
     return None
 
 
